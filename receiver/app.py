@@ -1,0 +1,265 @@
+"""Wiring: the resources of one receiver process, its two listeners, and graceful shutdown.
+
+:class:`Runtime` opens everything a process needs (HTTP session, store, sinks, worker,
+housekeeping) in order and closes it in reverse. Both listeners share it: the public app answers
+only the webhook path and ``/healthz``; the ops app serves metrics, readiness and the admin API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import Literal
+
+import aiohttp
+from aiohttp import web
+
+from receiver.config import Settings
+from receiver.enrich import Enricher
+from receiver.errors import StoreError
+from receiver.intake import Intake
+from receiver.logs import get_logger
+from receiver.metrics import Metrics
+from receiver.ops import Ops
+from receiver.secrets import SecretBox
+from receiver.sinks.base import Sink, SinkContext
+from receiver.sinks.loader import build_sinks
+from receiver.store import open_store
+from receiver.store.base import EVENT_STATES, Store
+from receiver.upstream import UpstreamClient
+from receiver.worker import Worker
+
+log = get_logger("receiver.app")
+
+Role = Literal["all", "intake", "worker"]
+GAUGE_REFRESH_SECONDS = 5.0
+PRUNE_INTERVAL_SECONDS = 3600.0
+
+
+class Runtime:
+    """Every resource of one receiver process, opened with ``async with``.
+
+    ``store`` and ``sinks`` may be passed in (tests); otherwise they come from the settings.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        role: Role = "all",
+        store: Store | None = None,
+        sinks: list[Sink] | None = None,
+        metrics: Metrics | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.role = role
+        self.metrics = metrics or Metrics()
+        self.clock = clock
+        self.secrets = SecretBox(settings.webhook)
+        self.store: Store = store or open_store(settings.store)
+        self._given_sinks = sinks
+        self.sinks: list[Sink] = []
+        self.session: aiohttp.ClientSession | None = None
+        self.worker: Worker | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closed = False
+
+    @property
+    def runs_workers(self) -> bool:
+        return self.role in ("all", "worker")
+
+    async def __aenter__(self) -> Runtime:
+        self.session = aiohttp.ClientSession()
+        try:
+            await self.store.open()
+            if self.runs_workers:
+                await self._start_workers(self.session)
+            self._tasks.append(asyncio.create_task(self._refresh_gauges(), name="gauges"))
+            if self.runs_workers:
+                self._tasks.append(asyncio.create_task(self._prune(), name="prune"))
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def _start_workers(self, session: aiohttp.ClientSession) -> None:
+        context = SinkContext(settings=self.settings, session=session, metrics=self.metrics)
+        self.sinks = self._given_sinks if self._given_sinks is not None else build_sinks(context)
+        for sink in self.sinks:
+            await sink.open()
+        api = self.settings.api
+        upstream = UpstreamClient(
+            session=session,
+            base_url=api.base_url,
+            api_key=api.api_key,
+            timeout=api.timeout_seconds,
+            metrics=self.metrics,
+        )
+        self.worker = Worker(
+            settings=self.settings,
+            store=self.store,
+            sinks=self.sinks,
+            enricher=Enricher(upstream, clock=self.clock),
+            metrics=self.metrics,
+            clock=self.clock,
+        )
+        self.worker.start()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Drain the worker, then close sinks, store and session, in that order (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        if self.worker is not None:
+            await self.worker.stop(self.settings.server.shutdown_timeout_seconds)
+            self.worker = None
+        for sink in self.sinks:
+            try:
+                await sink.close()
+            except Exception:
+                log.exception("sink did not close cleanly", sink=sink.name)
+        self.sinks = []
+        await self.store.close()
+        if self.session is not None:
+            await self.session.close()
+            self.session = None
+
+    def wake_worker(self) -> None:
+        if self.worker is not None:
+            self.worker.wake()
+
+    def public_app(self) -> web.Application:
+        """The public listener: ``POST {server.path}`` and ``GET /healthz``."""
+        server = self.settings.server
+        intake = Intake(
+            settings=self.settings,
+            store=self.store,
+            secrets=self.secrets,
+            metrics=self.metrics,
+            on_stored=self.wake_worker,
+            clock=self.clock,
+        )
+        app = web.Application(client_max_size=server.max_body_bytes)
+        ops = self._ops()
+        app.add_routes([web.post(server.path, intake.handle), web.get("/healthz", ops.healthz)])
+        return app
+
+    def ops_app(self) -> web.Application:
+        """The ops listener: metrics, health, readiness and the admin API."""
+        app = web.Application()
+        app.add_routes(self._ops().routes())
+        return app
+
+    def _ops(self) -> Ops:
+        return Ops(
+            store=self.store,
+            metrics=self.metrics,
+            admin_token=self.settings.admin.token,
+            workers_running=(lambda: self.worker is not None and self.worker.running)
+            if self.runs_workers
+            else None,
+            on_redeliver=self.wake_worker,
+            clock=self.clock,
+        )
+
+    async def refresh_gauges(self) -> None:
+        counts, oldest = await self.store.counts()
+        for state in EVENT_STATES:
+            self.metrics.inbox_events.labels(state).set(counts.get(state, 0))
+        age = 0.0 if oldest is None else max(0.0, self.clock() - oldest)
+        self.metrics.inbox_oldest_pending_seconds.set(age)
+
+    async def _refresh_gauges(self) -> None:
+        while True:
+            try:
+                await self.refresh_gauges()
+            except StoreError as exc:
+                log.warning("inbox gauges not refreshed", error=exc.message)
+            await asyncio.sleep(GAUGE_REFRESH_SECONDS)
+
+    async def _prune(self) -> None:
+        retention = self.settings.store.retention_hours * 3600
+        while True:
+            try:
+                pruned = await self.store.prune(older_than=self.clock() - retention)
+                if pruned:
+                    log.info("pruned processed events", count=pruned)
+            except StoreError as exc:
+                log.warning("pruning failed", error=exc.message)
+            await asyncio.sleep(PRUNE_INTERVAL_SECONDS)
+
+
+async def serve(settings: Settings, *, role: Role = "all") -> None:
+    """Run until SIGTERM or SIGINT, then stop accepting, drain, release claims and return."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    drain = settings.server.shutdown_timeout_seconds
+    async with Runtime(settings, role=role) as runtime:
+        loop.add_signal_handler(signal.SIGHUP, lambda: _reload_secrets(runtime))
+        runners: list[web.AppRunner] = []
+        try:
+            if role in ("all", "intake"):
+                public = web.AppRunner(
+                    runtime.public_app(),
+                    access_log=None,
+                    shutdown_timeout=drain,
+                    auto_decompress=False,
+                )
+                await public.setup()
+                runners.append(public)
+                await web.TCPSite(public, settings.server.host, settings.server.port).start()
+            ops = web.AppRunner(runtime.ops_app(), access_log=None, shutdown_timeout=drain)
+            await ops.setup()
+            runners.append(ops)
+            await web.TCPSite(ops, settings.admin.host, settings.admin.port).start()
+            log.info(
+                "receiver started",
+                role=role,
+                public=f"{settings.server.host}:{settings.server.port}{settings.server.path}"
+                if role != "worker"
+                else None,
+                ops=f"{settings.admin.host}:{settings.admin.port}",
+                store=settings.store.url.split("://", 1)[0],
+                sinks=[s.name for s in settings.sinks],
+            )
+            await stop.wait()
+            log.info("shutting down", drain_seconds=drain)
+        finally:
+            # Stop accepting and answer what is in flight, then drain the workers and release
+            # their claims; the ops listener goes last so readiness is served while draining.
+            for runner in runners[:-1]:
+                await runner.cleanup()
+            await runtime.close()
+            if runners:
+                await runners[-1].cleanup()
+    log.info("stopped")
+
+
+def _reload_secrets(runtime: Runtime) -> None:
+    try:
+        count = runtime.secrets.reload()
+    except Exception as exc:
+        log.error("webhook secrets not reloaded; keeping the previous ones", error=str(exc))
+        return
+    log.info("webhook secrets reloaded", count=count)

@@ -1,0 +1,91 @@
+"""The receiver's exception tree.
+
+Every error the receiver raises on purpose derives from :class:`ReceiverError`; library errors
+(aiohttp, sqlite3, asyncpg, broker clients) are translated into one of these at the module that
+talks to the library, so callers never see a driver's exception::
+
+    ReceiverError
+    ├── ConfigError                 a bad config file or value (names the key)
+    ├── SignatureError              a webhook whose signature does not verify (has ``outcome``)
+    ├── PayloadError                a verified webhook whose body is not a valid event
+    ├── StoreError                  the inbox could not be read or written
+    │   └── StoreUnavailable        the store is down or read-only; intake answers 503
+    ├── UnknownEvent                no event with that id in the inbox
+    └── DeliveryError               one processing attempt failed (has ``retry_after``)
+        ├── TransientError          worth retrying with backoff (5xx, 429, timeouts, not ready)
+        │   ├── NotReady            the job or an asset is not finished yet
+        │   └── UpstreamAuthError   the upstream refused the API key (401/403): retried, loud
+        └── PermanentError          retrying cannot help (404 job, 410 Gone): dead at once
+
+The docstring of each class is its default message.
+"""
+
+from __future__ import annotations
+
+
+class ReceiverError(Exception):
+    """The receiver failed."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class ConfigError(ReceiverError):
+    """The configuration is not valid."""
+
+    def __init__(self, problems: list[str] | str) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("; ".join(self.problems))
+
+
+class SignatureError(ReceiverError):
+    """The webhook signature did not verify."""
+
+    def __init__(self, outcome: str, message: str, *, skew_seconds: float | None = None) -> None:
+        self.outcome = outcome
+        self.skew_seconds = skew_seconds
+        super().__init__(message)
+
+
+class PayloadError(ReceiverError):
+    """The webhook body is not a valid event."""
+
+
+class StoreError(ReceiverError):
+    """The inbox could not be read or written."""
+
+
+class StoreUnavailable(StoreError):
+    """The inbox is unavailable."""
+
+
+class UnknownEvent(ReceiverError):
+    """No such event in the inbox."""
+
+
+class DeliveryError(ReceiverError):
+    """A processing attempt failed."""
+
+    def __init__(self, message: str | None = None, *, retry_after: float | None = None) -> None:
+        self.retry_after = retry_after
+        super().__init__(message)
+
+
+class TransientError(DeliveryError):
+    """A processing attempt failed and is worth retrying."""
+
+
+class NotReady(TransientError):
+    """The job or one of its assets is not ready yet."""
+
+
+class UpstreamAuthError(TransientError):
+    """The upstream refused the API key."""
+
+
+class PermanentError(DeliveryError):
+    """A processing attempt failed in a way retrying cannot mend."""

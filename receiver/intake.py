@@ -1,0 +1,219 @@
+"""The public webhook endpoint: size-capped read, signature, validation, durable store, 2xx.
+
+Nothing slow happens here: no upstream call and no sink runs inside the request. The answer is
+2xx only once the event is committed to the inbox; any failure to store answers 503 so the
+upstream retries, and no request, however malformed, gets a 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from aiohttp import web
+
+from receiver.config import Settings
+from receiver.errors import PayloadError, SignatureError, StoreError
+from receiver.logs import get_logger
+from receiver.metrics import WEBHOOK_OUTCOMES, Metrics
+from receiver.secrets import SecretBox
+from receiver.signature import LEGACY_SIGNATURE_HEADER, SIGNATURE_HEADER, verify
+from receiver.store.base import NewEvent, Store
+
+log = get_logger("receiver.intake")
+
+# Headers kept with the stored event (the signature itself is not needed after verification).
+KEPT_HEADERS = ("Service-Event-Id", "X-Service-Event", "X-Service-Timestamp", "User-Agent")
+_MAX_ID_LENGTH = 255
+
+_ERROR_CODES = {
+    "missing_signature": (401, "missing_signature"),
+    "invalid_signature": (401, "invalid_signature"),
+    "stale_timestamp": (401, "stale_timestamp"),
+    "malformed": (400, "malformed_payload"),
+    "too_large": (413, "payload_too_large"),
+    "unavailable": (503, "unavailable"),
+}
+
+
+def error_response(status: int, code: str, message: str) -> web.Response:
+    """The contract's error body: ``{"error": {"code", "message"}}``."""
+    return web.json_response({"error": {"code": code, "message": message}}, status=status)
+
+
+def parse_event(body: bytes) -> dict[str, Any]:
+    """The body as an event object, or PayloadError saying what is wrong."""
+    try:
+        event = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise PayloadError("body is not valid UTF-8 JSON") from None
+    if not isinstance(event, dict):
+        raise PayloadError("body is not a JSON object")
+    for key in ("id", "event", "job_id"):
+        value = event.get(key)
+        if not isinstance(value, str) or not value:
+            raise PayloadError(f"field {key!r} must be a non-empty string")
+        if len(value) > _MAX_ID_LENGTH:
+            raise PayloadError(f"field {key!r} is longer than {_MAX_ID_LENGTH} characters")
+    if event.get("object") != "event":
+        raise PayloadError("field 'object' must be \"event\"")
+    return event
+
+
+class ClientAddress:
+    """The client's address, believing ``X-Forwarded-For`` only from trusted proxies."""
+
+    def __init__(self, trusted: Sequence[str]) -> None:
+        self._trusted = [ipaddress.ip_network(t, strict=False) for t in trusted]
+
+    def _is_trusted(self, address: str) -> bool:
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:
+            return False
+        return any(ip in network for network in self._trusted)
+
+    def __call__(self, request: web.BaseRequest) -> str:
+        peer = request.remote or ""
+        if not self._trusted or not self._is_trusted(peer):
+            return peer
+        forwarded = ",".join(request.headers.getall("X-Forwarded-For", []))
+        hops = [hop.strip() for hop in forwarded.split(",") if hop.strip()]
+        # The rightmost address not added by one of our proxies is the real client.
+        for hop in reversed(hops):
+            if not self._is_trusted(hop):
+                return hop
+        return hops[0] if hops else peer
+
+
+class Intake:
+    """The webhook handler; ``on_stored`` is called after each new event is committed."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        store: Store,
+        secrets: SecretBox,
+        metrics: Metrics,
+        on_stored: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._settings = settings
+        self._store = store
+        self._secrets = secrets
+        self._metrics = metrics
+        self._on_stored = on_stored
+        self._clock = clock
+        self._sinks = settings.sinks
+        self._client_address = ClientAddress(settings.server.trusted_proxies)
+        self._outcomes = {o: metrics.webhook_requests.labels(o) for o in WEBHOOK_OUTCOMES}
+
+    def _reject(
+        self, request: web.Request, outcome: str, message: str, **fields: Any
+    ) -> web.Response:
+        self._outcomes[outcome].inc()
+        status, code = _ERROR_CODES[outcome]
+        log.warning(
+            "webhook rejected",
+            outcome=outcome,
+            status=status,
+            reason=message,
+            client=self._client_address(request),
+            **fields,
+        )
+        return error_response(status, code, message)
+
+    async def handle(self, request: web.Request) -> web.Response:
+        """POST {server.path}."""
+        try:
+            return await self._handle(request)
+        except Exception:
+            log.exception("unexpected error in the webhook handler")
+            return self._reject(request, "unavailable", "the event could not be stored")
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        server = self._settings.server
+        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            return self._reject(
+                request, "malformed", f"Content-Encoding {encoding} is not accepted"
+            )
+        length = request.content_length
+        if length is not None and length > server.max_body_bytes:
+            return self._reject(
+                request, "too_large", f"body is larger than {server.max_body_bytes} bytes"
+            )
+        try:
+            async with asyncio.timeout(server.read_timeout_seconds):
+                body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return self._reject(
+                request, "too_large", f"body is larger than {server.max_body_bytes} bytes"
+            )
+        except TimeoutError:
+            return self._reject(request, "malformed", "body was not received in time")
+        except Exception as exc:
+            return self._reject(
+                request, "malformed", f"body could not be read ({type(exc).__name__})"
+            )
+
+        headers = request.headers
+        signature = headers.getall(SIGNATURE_HEADER, None)
+        webhook = self._settings.webhook
+        try:
+            verified = verify(
+                secrets=self._secrets.secrets,
+                body=body,
+                header=",".join(signature) if signature else None,
+                now=self._clock(),
+                tolerance_seconds=webhook.tolerance_seconds,
+                legacy_header=headers.get(LEGACY_SIGNATURE_HEADER),
+                allow_legacy=webhook.allow_legacy_signature,
+            )
+        except SignatureError as exc:
+            extra = {} if exc.skew_seconds is None else {"skew_seconds": round(exc.skew_seconds, 1)}
+            return self._reject(request, exc.outcome, exc.message, **extra)
+
+        try:
+            event = parse_event(body)
+            header_id = headers.get("Service-Event-Id")
+            if header_id is not None and header_id != event["id"]:
+                raise PayloadError("Service-Event-Id does not match the body's id")
+        except PayloadError as exc:
+            return self._reject(request, "malformed", exc.message)
+
+        name = event["event"]
+        new = NewEvent(
+            id=event["id"],
+            event=name,
+            job_id=event["job_id"],
+            body=body,
+            headers={k: headers[k] for k in KEPT_HEADERS if k in headers},
+            received_at=self._clock(),
+            sinks=tuple(s.name for s in self._sinks if s.wants_event(name)),
+        )
+        try:
+            added = await self._store.add_event(new)
+        except StoreError as exc:
+            log.error("event could not be stored", event_id=new.id, error=exc.message)
+            return self._reject(request, "unavailable", "the event could not be stored")
+
+        metrics = self._metrics
+        metrics.secret_matches.labels(str(verified.secret_index)).inc()
+        if verified.skew_seconds is not None:
+            metrics.signature_skew.observe(verified.skew_seconds)
+        if added:
+            self._outcomes["accepted"].inc()
+            metrics.events.labels(name, "received").inc()
+            if self._on_stored is not None:
+                self._on_stored()
+        else:
+            self._outcomes["duplicate"].inc()
+            metrics.events.labels(name, "duplicate").inc()
+            log.info("duplicate event acknowledged", event_id=new.id)
+        return web.json_response({"received": True, "id": new.id, "duplicate": not added})

@@ -1,0 +1,81 @@
+"""Structured logging: JSON lines when stderr is not a terminal, readable lines when it is.
+
+``event_id``, ``job_id`` and ``sink`` are bound with :func:`structlog.contextvars.bind_contextvars`
+by the code handling an event, so every line it logs carries them. A last processor removes the
+query string from any URL in a logged value: signed file URLs carry their signature there.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from collections.abc import MutableMapping
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import structlog
+
+_URL_QUERY = re.compile(r"(https?://[^\s?#\"']+)\?[^\s#\"']*")
+_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
+
+
+def redact_url(url: str) -> str:
+    """The URL without its query string and fragment (signed URLs carry secrets there)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable url>"
+    if parts.username or parts.password:
+        netloc = parts.hostname or ""
+        if parts.port:
+            netloc = f"{netloc}:{parts.port}"
+    else:
+        netloc = parts.netloc
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def _scrub(value: Any) -> Any:
+    if isinstance(value, str) and "://" in value:
+        return _URL_QUERY.sub(r"\1?<redacted>", value)
+    return value
+
+
+def scrub_urls(
+    _logger: Any, _name: str, event_dict: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    """structlog processor: strip query strings from URLs anywhere in the line."""
+    return {key: _scrub(value) for key, value in event_dict.items()}
+
+
+def configure_logging(level: str = "info", fmt: str = "auto") -> None:
+    """Set up structlog for the process (idempotent)."""
+    use_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
+    renderer: Any = (
+        structlog.processors.JSONRenderer()
+        if use_json
+        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            scrub_urls,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(_LEVELS.get(level, logging.INFO)),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+
+
+def get_logger(name: str) -> Any:
+    """A structlog logger carrying ``logger_name=name``."""
+    return structlog.get_logger(logger_name=name)

@@ -1,0 +1,126 @@
+"""Every Prometheus metric the receiver exports, defined in one place.
+
+Each :class:`Metrics` owns its registry, so several receivers (tests) can live in one process.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+WEBHOOK_OUTCOMES = (
+    "accepted",
+    "duplicate",
+    "missing_signature",
+    "invalid_signature",
+    "stale_timestamp",
+    "malformed",
+    "too_large",
+    "unavailable",
+)
+SINK_OUTCOMES = ("success", "retry", "dead", "skipped")
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_LAG_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 6 * 3600, 24 * 3600)
+_SKEW_BUCKETS = (-300, -120, -60, -30, -10, -5, -1, 0, 1, 5, 10, 30, 60, 120, 300)
+
+
+class Metrics:
+    """The receiver's metric families."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.webhook_requests = Counter(
+            "receiver_webhook_requests",
+            "Webhook requests on the public listener, by outcome.",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in WEBHOOK_OUTCOMES:
+            self.webhook_requests.labels(outcome)
+        self.signature_skew = Histogram(
+            "receiver_signature_skew_seconds",
+            "Receiver clock minus the signature timestamp, for accepted webhooks.",
+            buckets=_SKEW_BUCKETS,
+            registry=r,
+        )
+        self.secret_matches = Counter(
+            "receiver_webhook_secret_matches",
+            "Verified webhooks by the position of the secret that matched (0 = first).",
+            ["secret_index"],
+            registry=r,
+        )
+        self.events = Counter(
+            "receiver_events",
+            "Events by name and outcome (received, duplicate, processed, dead).",
+            ["event", "outcome"],
+            registry=r,
+        )
+        self.sink_deliveries = Counter(
+            "receiver_sink_deliveries",
+            "Sink delivery attempts by outcome (success, retry, dead, skipped).",
+            ["sink", "outcome"],
+            registry=r,
+        )
+        self.sink_delivery_seconds = Histogram(
+            "receiver_sink_delivery_seconds",
+            "Duration of one sink delivery attempt.",
+            ["sink"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.upstream_requests = Counter(
+            "receiver_upstream_requests",
+            "Requests to the upstream API by endpoint and HTTP status (or timeout, error).",
+            ["endpoint", "status"],
+            registry=r,
+        )
+        self.upstream_request_seconds = Histogram(
+            "receiver_upstream_request_seconds",
+            "Duration of upstream API requests.",
+            ["endpoint"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inbox_events = Gauge(
+            "receiver_inbox_events",
+            "Events in the inbox by state.",
+            ["state"],
+            registry=r,
+        )
+        self.inbox_oldest_pending_seconds = Gauge(
+            "receiver_inbox_oldest_pending_seconds",
+            "Age of the oldest event still pending (0 when none).",
+            registry=r,
+        )
+        self.event_lag = Histogram(
+            "receiver_event_lag_seconds",
+            "Time from receipt to the last sink delivery done.",
+            buckets=_LAG_BUCKETS,
+            registry=r,
+        )
+        self.downloaded_bytes = Counter(
+            "receiver_downloaded_bytes",
+            "Bytes written by download sinks.",
+            ["sink"],
+            registry=r,
+        )
+        self.upstream_webhook_active = Gauge(
+            "receiver_upstream_webhook_active",
+            "1 while the upstream reports the webhook subscription active, else 0.",
+            ["webhook_id"],
+            registry=r,
+        )
+        self.upstream_webhook_failures = Gauge(
+            "receiver_upstream_webhook_consecutive_failures",
+            "consecutive_failures the upstream reports for the webhook subscription.",
+            ["webhook_id"],
+            registry=r,
+        )
+
+    def render(self) -> bytes:
+        """The registry in Prometheus text format."""
+        return generate_latest(self.registry)

@@ -1,0 +1,117 @@
+"""The ops listener's handlers: health, readiness, metrics and the admin API."""
+
+from __future__ import annotations
+
+import hmac
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from receiver.errors import StoreError, UnknownEvent
+from receiver.intake import error_response
+from receiver.metrics import CONTENT_TYPE, Metrics
+from receiver.store.base import EVENT_STATES, Store
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class Ops:
+    """Handlers for ``/healthz``, ``/readyz``, ``/metrics`` and ``/admin/...``."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        metrics: Metrics,
+        admin_token: str,
+        workers_running: Callable[[], bool] | None,
+        on_redeliver: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._metrics = metrics
+        self._token = admin_token
+        self._workers_running = workers_running
+        self._on_redeliver = on_redeliver or (lambda: None)
+        self._clock = clock
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.get("/healthz", self.healthz),
+            web.get("/readyz", self.readyz),
+            web.get("/metrics", self.metrics),
+            web.get("/admin/events", self._admin(self.list_events)),
+            web.post("/admin/events/redeliver-dead", self._admin(self.redeliver_dead)),
+            web.get("/admin/events/{id}", self._admin(self.show_event)),
+            web.post("/admin/events/{id}/redeliver", self._admin(self.redeliver)),
+        ]
+
+    async def healthz(self, _request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def readyz(self, _request: web.Request) -> web.Response:
+        problems = []
+        try:
+            await self._store.ping()
+        except StoreError as exc:
+            problems.append(f"store: {exc.message}")
+        if self._workers_running is not None and not self._workers_running():
+            problems.append("workers: not running")
+        if problems:
+            return web.json_response({"status": "unavailable", "reasons": problems}, status=503)
+        return web.json_response({"status": "ready"})
+
+    async def metrics(self, _request: web.Request) -> web.Response:
+        return web.Response(body=self._metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+    def _admin(self, handler: Handler) -> Handler:
+        async def guarded(request: web.Request) -> web.StreamResponse:
+            if self._token:
+                given = request.headers.get("Authorization", "")
+                expected = f"Bearer {self._token}"
+                if not hmac.compare_digest(given.encode(), expected.encode()):
+                    return error_response(401, "unauthorized", "a valid Bearer token is required")
+            try:
+                return await handler(request)
+            except StoreError as exc:
+                return error_response(503, "unavailable", exc.message)
+
+        return guarded
+
+    async def list_events(self, request: web.Request) -> web.Response:
+        state = request.query.get("status") or request.query.get("state")
+        if state is not None and state not in EVENT_STATES:
+            return error_response(
+                400, "invalid_request", f"status must be one of {', '.join(EVENT_STATES)}"
+            )
+        try:
+            limit = int(request.query.get("limit", "50"))
+            offset = int(request.query.get("offset", "0"))
+        except ValueError:
+            return error_response(400, "invalid_request", "limit and offset must be integers")
+        if not 1 <= limit <= 1000 or offset < 0:
+            return error_response(400, "invalid_request", "limit must be 1..1000, offset >= 0")
+        events = await self._store.list(state=state, limit=limit, offset=offset)
+        data: list[dict[str, Any]] = [e.as_json(with_body=False) for e in events]
+        return web.json_response({"data": data})
+
+    async def show_event(self, request: web.Request) -> web.Response:
+        event = await self._store.get(request.match_info["id"])
+        if event is None:
+            return error_response(404, "not_found", "no event with that id")
+        return web.json_response({"data": event.as_json()})
+
+    async def redeliver(self, request: web.Request) -> web.Response:
+        try:
+            count = await self._store.redeliver(request.match_info["id"], now=self._clock())
+        except UnknownEvent:
+            return error_response(404, "not_found", "no event with that id")
+        self._on_redeliver()
+        return web.json_response({"data": {"redelivered": count}})
+
+    async def redeliver_dead(self, _request: web.Request) -> web.Response:
+        count = await self._store.redeliver_dead(now=self._clock())
+        self._on_redeliver()
+        return web.json_response({"data": {"redelivered": count}})

@@ -1,0 +1,53 @@
+"""Retry decisions: a pure function of the error, the attempts made and a random source."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from receiver.errors import PermanentError
+
+# An upstream Retry-After is honoured up to a day; beyond that it is more likely a mistake.
+MAX_RETRY_AFTER_SECONDS = 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Retry after ``delay`` seconds, or give up (``dead``) with ``reason``."""
+
+    dead: bool
+    delay: float = 0.0
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with jitter, capped, with a limit on attempts.
+
+    The n-th retry waits about ``initial * 2**(n-1)`` seconds (between half and all of it, so
+    retries of many events spread out), never more than ``maximum``, unless the error carries a
+    longer ``retry_after``, which wins.
+    """
+
+    initial: float
+    maximum: float
+    max_attempts: int
+    rng: random.Random = field(default_factory=random.Random, compare=False)
+
+    def backoff(self, attempts: int) -> float:
+        """The jittered wait after ``attempts`` failed attempts."""
+        base = min(self.maximum, self.initial * 2.0 ** max(0, attempts - 1))
+        return base / 2 + self.rng.uniform(0, base / 2)
+
+    def decide(self, error: BaseException, attempts: int) -> Decision:
+        """What to do after the ``attempts``-th attempt failed with ``error``."""
+        message = str(error) or type(error).__name__
+        if isinstance(error, PermanentError):
+            return Decision(dead=True, reason=message)
+        if attempts >= self.max_attempts:
+            return Decision(dead=True, reason=f"gave up after {attempts} attempts: {message}")
+        delay = self.backoff(attempts)
+        retry_after = getattr(error, "retry_after", None)
+        if retry_after is not None:
+            delay = max(delay, min(float(retry_after), MAX_RETRY_AFTER_SECONDS))
+        return Decision(dead=False, delay=delay, reason=message)

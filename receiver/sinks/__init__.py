@@ -1,0 +1,1 @@
+"""Sinks: where enriched events go. One module per type; see :mod:`receiver.sinks.registry`."""

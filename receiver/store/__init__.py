@@ -1,0 +1,53 @@
+"""The inbox: where verified webhooks wait to be processed. :func:`open_store` picks a backend.
+
+``memory://`` keeps events in this process (tests); ``sqlite:///relative/path.db`` (relative
+to the working directory) or ``sqlite:////abs/path.db`` is the embedded default;
+``postgresql://...`` needs the optional ``receiver[postgres]`` extra, imported only then.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from receiver.config import StoreSettings
+from receiver.errors import ConfigError
+from receiver.store.base import Claim, DeliveryRecord, EventRecord, NewEvent, Outcome, Store
+
+__all__ = [
+    "Claim",
+    "DeliveryRecord",
+    "EventRecord",
+    "NewEvent",
+    "Outcome",
+    "Store",
+    "open_store",
+]
+
+POSTGRES_MISSING = (
+    "store.url: the postgres store needs an optional library; run: pip install 'receiver[postgres]'"
+)
+
+
+def open_store(settings: StoreSettings) -> Store:
+    """Build (not yet open) the store ``settings.url`` names; call ``await store.open()``."""
+    url = settings.url
+    if url.startswith("memory://"):
+        from receiver.store.memory import MemoryStore
+
+        return MemoryStore(settings)
+    if url.startswith("sqlite:"):
+        from receiver.store.sqlite import SqliteStore
+
+        return SqliteStore(settings)
+    if url.startswith(("postgresql://", "postgres://")):
+        try:
+            module = importlib.import_module("receiver.store.postgres")
+        except ImportError as exc:
+            # Only a missing optional piece is the user's to fix; any other import error is a bug.
+            missing = (exc.name or "").split(".")[0]
+            if exc.name == "receiver.store.postgres" or missing == "asyncpg":
+                raise ConfigError(POSTGRES_MISSING) from None
+            raise
+        store: Store = module.PostgresStore(settings)
+        return store
+    raise ConfigError("store.url: must start with sqlite://, postgresql:// or memory://")

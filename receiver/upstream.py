@@ -1,0 +1,311 @@
+"""The upstream API client: jobs, assets and webhook subscriptions.
+
+Every failure is translated here into the receiver's exception tree (no aiohttp exception leaves
+this module)::
+
+    429                              TransientError (retry_after from Retry-After when given)
+    5xx, 3xx, network error, timeout TransientError
+    2xx with a body that is not JSON TransientError
+      or has no ``data``
+    401, 403                         UpstreamAuthError (logged at error level; the caller retries)
+    404                              PermanentError ("job <id> not found upstream")
+    408, 409, 425                    TransientError (the request may succeed when repeated)
+    any other 4xx                    PermanentError naming the status and the upstream error code
+
+Each request is counted in ``receiver_upstream_requests_total{endpoint,status}`` (the endpoint is
+the route template, the status the HTTP status or ``timeout`` / ``error``) and timed in
+``receiver_upstream_request_seconds{endpoint}``. The API key and signed URLs' query strings are
+never logged nor put in an exception message.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from collections.abc import Callable
+from datetime import UTC
+from email.utils import parsedate_to_datetime
+from typing import Any, NoReturn
+from urllib.parse import quote
+
+import aiohttp
+
+from receiver import __version__
+from receiver.errors import PermanentError, TransientError, UpstreamAuthError
+from receiver.logs import get_logger, redact_url
+from receiver.metrics import Metrics
+
+log = get_logger(__name__)
+
+JOB_ENDPOINT = "/jobs/{id}"
+ASSET_ENDPOINT = "/assets/{id}"
+WEBHOOKS_ENDPOINT = "/webhooks"
+WEBHOOK_ENDPOINT = "/webhooks/{id}"
+
+#: Statuses in the 4xx range worth repeating as they are (timeout, conflict/busy, too early).
+_RETRYABLE_4XX = frozenset({408, 409, 425})
+#: The spec's long-poll ceiling for ``GET /jobs/{id}?wait=true``.
+MAX_WAIT_SECONDS = 120.0
+_SECONDS = re.compile(r"\d+(\.\d+)?")
+_MAX_MESSAGE = 300
+
+
+def parse_retry_after(value: str | None, *, now: Callable[[], float] = time.time) -> float | None:
+    """Seconds to wait from a ``Retry-After`` value: delta-seconds or an HTTP date.
+
+    A date in the past gives 0; a missing or unparseable value gives ``None``.
+    """
+    if value is None:
+        return None
+    value = value.strip()
+    if not value:
+        return None
+    if _SECONDS.fullmatch(value):
+        seconds = float(value)
+        return seconds if math.isfinite(seconds) else None
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, when.timestamp() - now())
+
+
+class UpstreamClient:
+    """A small client for the upstream REST API (``{base_url}`` already ends in ``/v1``).
+
+    The aiohttp session is owned by the caller and shared; ``timeout`` bounds each request as a
+    whole (connect, headers and body).
+    """
+
+    def __init__(
+        self,
+        *,
+        session: aiohttp.ClientSession,
+        base_url: str,
+        api_key: str,
+        timeout: float,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self._session = session
+        self._base_url = base_url.rstrip("/")
+        self._api_key = api_key
+        self._timeout = timeout
+        self._metrics = metrics
+        self._headers = {
+            "Authorization": f"Bearer {api_key}",
+            "Accept": "application/json",
+            "User-Agent": f"receiver/{__version__}",
+        }
+
+    @property
+    def base_url(self) -> str:
+        return self._base_url
+
+    async def get_job(self, job_id: str, *, wait_seconds: float | None = None) -> dict[str, Any]:
+        """The current job (``GET /jobs/{id}``).
+
+        With ``wait_seconds`` the upstream long-polls (``wait=true``, capped at 120 s) until the
+        job is completed or failed, then answers with the job as it is.
+        """
+        params: dict[str, str] | None = None
+        timeout = self._timeout
+        if wait_seconds is not None:
+            wait = min(max(wait_seconds, 0.0), MAX_WAIT_SECONDS)
+            params = {"wait": "true", "timeout": f"{wait:g}"}
+            timeout += wait
+        data = await self._request(
+            "GET",
+            JOB_ENDPOINT,
+            f"/jobs/{_quote_id(job_id, 'job')}",
+            what=f"job {job_id}",
+            params=params,
+            total_seconds=timeout,
+        )
+        return _expect_object(data, f"job {job_id}")
+
+    async def get_asset(self, asset_id: str) -> dict[str, Any]:
+        """The asset with a fresh signed ``file_url`` (``GET /assets/{id}``)."""
+        data = await self._request(
+            "GET",
+            ASSET_ENDPOINT,
+            f"/assets/{_quote_id(asset_id, 'asset')}",
+            what=f"asset {asset_id}",
+        )
+        return _expect_object(data, f"asset {asset_id}")
+
+    async def list_webhooks(self) -> list[dict[str, Any]]:
+        """The account's webhook subscriptions (``GET /webhooks``, first page)."""
+        data = await self._request("GET", WEBHOOKS_ENDPOINT, "/webhooks", what="webhooks")
+        if not isinstance(data, list) or not all(isinstance(item, dict) for item in data):
+            raise TransientError("upstream answered the webhook list with data that is not a list")
+        return data
+
+    async def create_webhook(self, url: str, events: list[str] | None) -> dict[str, Any]:
+        """Subscribe ``url`` to ``events`` (all when ``None``); the answer holds the secret."""
+        body: dict[str, Any] = {"url": url}
+        if events is not None:
+            body["events"] = list(events)
+        data = await self._request(
+            "POST", WEBHOOKS_ENDPOINT, "/webhooks", what="webhook creation", json_body=body
+        )
+        return _expect_object(data, "webhook creation")
+
+    async def delete_webhook(self, webhook_id: str) -> None:
+        """Delete one webhook subscription (``DELETE /webhooks/{id}``)."""
+        await self._request(
+            "DELETE",
+            WEBHOOK_ENDPOINT,
+            f"/webhooks/{_quote_id(webhook_id, 'webhook')}",
+            what=f"webhook {webhook_id}",
+            expect_data=False,
+        )
+
+    async def _request(
+        self,
+        method: str,
+        endpoint: str,
+        path: str,
+        *,
+        what: str,
+        params: dict[str, str] | None = None,
+        json_body: dict[str, Any] | None = None,
+        total_seconds: float | None = None,
+        expect_data: bool = True,
+    ) -> Any:
+        """Send one request; the envelope's ``data`` or a translated exception."""
+        if self._session.closed:
+            raise TransientError(f"cannot fetch {what}: the HTTP session is closed")
+        url = self._base_url + path
+        total = total_seconds or self._timeout
+        started = time.perf_counter()
+        status_label = "error"
+        try:
+            async with self._session.request(
+                method,
+                url,
+                params=params,
+                json=json_body,
+                headers=self._headers,
+                timeout=aiohttp.ClientTimeout(total=total),
+                allow_redirects=False,
+            ) as resp:
+                status_label = str(resp.status)
+                body = await resp.read()
+                status = resp.status
+                retry_after_header = resp.headers.get("Retry-After")
+        except TimeoutError as exc:  # includes aiohttp's ServerTimeoutError and friends
+            status_label = "timeout"
+            raise TransientError(f"upstream did not answer within {total:g}s for {what}") from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            status_label = "error"
+            raise TransientError(
+                f"upstream request for {what} failed: {type(exc).__name__}"
+                f"{_describe_network_error(exc)}"
+            ) from exc
+        finally:
+            self._observe(endpoint, status_label, time.perf_counter() - started)
+
+        log.debug("upstream answered", endpoint=endpoint, method=method, status=status)
+        if 200 <= status < 300:
+            if not expect_data:
+                return None
+            return self._data(body, status, what)
+        self._raise_for_status(status, body, what, endpoint, retry_after_header)
+
+    def _observe(self, endpoint: str, status: str, seconds: float) -> None:
+        if self._metrics is None:
+            return
+        self._metrics.upstream_requests.labels(endpoint, status).inc()
+        self._metrics.upstream_request_seconds.labels(endpoint).observe(seconds)
+
+    def _data(self, body: bytes, status: int, what: str) -> Any:
+        try:
+            envelope = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise TransientError(
+                f"upstream answered {status} for {what} with a body that is not JSON"
+            ) from exc
+        if not isinstance(envelope, dict) or envelope.get("data") is None:
+            raise TransientError(f"upstream answered {status} for {what} without data")
+        return envelope["data"]
+
+    def _raise_for_status(
+        self,
+        status: int,
+        body: bytes,
+        what: str,
+        endpoint: str,
+        retry_after_header: str | None,
+    ) -> NoReturn:
+        code, detail = self._error_detail(body)
+        summary = f"upstream answered {status}{f' {code}' if code else ''} for {what}"
+        if detail:
+            summary = f"{summary}: {detail}"
+        if status == 429 or status >= 500:
+            raise TransientError(summary, retry_after=parse_retry_after(retry_after_header))
+        if status in (401, 403):
+            # Once per refused response; the key itself is never logged.
+            log.error(
+                "upstream refused the API key",
+                status=status,
+                code=code,
+                endpoint=endpoint,
+                base_url=redact_url(self._base_url),
+            )
+            raise UpstreamAuthError(summary)
+        if status == 404:
+            raise PermanentError(f"{what} not found upstream")
+        if status in _RETRYABLE_4XX:
+            raise TransientError(summary, retry_after=parse_retry_after(retry_after_header))
+        if 300 <= status < 400:
+            raise TransientError(f"{summary} (a redirect: check api.base_url)")
+        raise PermanentError(summary)
+
+    def _error_detail(self, body: bytes) -> tuple[str | None, str | None]:
+        """The upstream ``error.code`` and ``error.message``, when the body has them."""
+        try:
+            envelope = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            return None, None
+        error = envelope.get("error") if isinstance(envelope, dict) else None
+        if not isinstance(error, dict):
+            return None, None
+        code = error.get("code")
+        message = error.get("message")
+        return (
+            self._clean(code) if isinstance(code, str) else None,
+            self._clean(message) if isinstance(message, str) else None,
+        )
+
+    def _clean(self, text: str) -> str:
+        """Upstream text made safe for a message: short, one line, never the key."""
+        text = " ".join(text.split())[:_MAX_MESSAGE]
+        if self._api_key and len(self._api_key) >= 8:
+            text = text.replace(self._api_key, "<redacted>")
+        return text
+
+
+def _quote_id(value: str, kind: str) -> str:
+    """An id as one path segment; empty and dot segments would address another resource."""
+    if value in ("", ".", ".."):
+        raise PermanentError(f"invalid {kind} id {value!r}")
+    return quote(value, safe="")
+
+
+def _expect_object(data: Any, what: str) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise TransientError(f"upstream answered {what} with data that is not an object")
+    return data
+
+
+def _describe_network_error(exc: BaseException) -> str:
+    """A short reason for a network error, without URLs (they may carry signatures)."""
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return f" ({exc.host}:{exc.port}: {exc.os_error.strerror or exc.os_error})"
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return f" ({exc.status})"
+    return ""

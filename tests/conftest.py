@@ -1,0 +1,31 @@
+"""Shared test helpers.
+
+Tests that need a local service (Postgres, Redis, RabbitMQ, NATS) call :func:`require_service`:
+it skips with the reason when the service is absent, unless ``RECEIVER_REQUIRE_SERVICES=1``
+(as in CI), where a missing service fails the test instead.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+
+def service_reachable(host: str, port: int, timeout: float = 1.0) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def require_service(name: str, host: str, port: int) -> None:
+    """Skip (or fail, under RECEIVER_REQUIRE_SERVICES=1) unless host:port accepts connections."""
+    if service_reachable(host, port):
+        return
+    reason = f"{name} is not reachable at {host}:{port}"
+    if os.environ.get("RECEIVER_REQUIRE_SERVICES") == "1":
+        pytest.fail(f"{reason} (RECEIVER_REQUIRE_SERVICES=1)")
+    pytest.skip(reason)
