@@ -312,11 +312,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _run(coro: Any) -> Any:
+    """Run a coroutine on uvloop when installed (``receiver[uvloop]``), else asyncio's loop."""
     try:
         import uvloop  # type: ignore[import-not-found]
     except ImportError:
-        return asyncio.run(coro)
-    return uvloop.run(coro)
+        uvloop = None
+    return asyncio.run(coro) if uvloop is None else uvloop.run(coro)
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {

@@ -159,8 +159,15 @@ class Worker:
             task.add_done_callback(functools.partial(self._forget, claim.event.id))
         return len(claims)
 
-    def _forget(self, event_id: str, _task: asyncio.Task[None]) -> None:
+    def _forget(self, event_id: str, task: asyncio.Task[None]) -> None:
         self._active.pop(event_id, None)
+        if not task.cancelled() and task.exception() is not None:
+            # Nothing is lost (the lease runs out and the event is claimed again), but say so.
+            log.error(
+                "event processing crashed",
+                event_id=event_id,
+                exc_info=task.exception(),
+            )
 
     async def _heartbeat(self) -> None:
         """Extend the leases of events still in progress, well before they run out."""
@@ -275,4 +282,4 @@ class Worker:
         ).inc()
         if record.state == "done":
             self._metrics.event_lag.observe(max(0.0, self._clock() - record.received_at))
-            log.info("event processed", event=record.event)
+            log.info("event processed", event_name=record.event)

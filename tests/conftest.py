@@ -29,3 +29,19 @@ def require_service(name: str, host: str, port: int) -> None:
     if os.environ.get("RECEIVER_REQUIRE_SERVICES") == "1":
         pytest.fail(f"{reason} (RECEIVER_REQUIRE_SERVICES=1)")
     pytest.skip(reason)
+
+
+@pytest.fixture(autouse=True)
+async def fail_on_unhandled_task_errors():
+    """A task that dies with an exception nobody retrieves fails the test that caused it."""
+    import asyncio
+    import gc
+
+    loop = asyncio.get_running_loop()
+    errors: list[dict] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: errors.append(context))
+    yield
+    gc.collect()
+    loop.set_exception_handler(previous)
+    assert not errors, f"unhandled errors in the event loop: {errors}"

@@ -81,6 +81,8 @@ async def test_killed_mid_delivery_the_event_is_delivered_after_restart(tmp_path
         assert time.monotonic() - started >= 3
         # A duplicate retry from the upstream is still acknowledged, and nothing is redone.
         assert await post_webhook(url, SECRET, payload) == 200
+        assert "Traceback" not in proc.log()
+        assert "crashed" not in proc.log()
     finally:
         proc.stop()
 

@@ -15,6 +15,11 @@ from tests.helpers import wait_for
 
 SECRET = "whsec_pipeline"
 API_KEY = "service_" + "ab" * 32
+CRASH_EVENTS = {
+    "event processing crashed",
+    "unexpected sink error",
+    "unexpected error while fetching the job",
+}
 
 
 @pytest.fixture
@@ -53,9 +58,12 @@ def make_settings(tmp_path, upstream, **worker):
 @pytest.fixture
 async def pipeline(aiohttp_client, tmp_path, upstream):
     runtime = Runtime(make_settings(tmp_path, upstream))
-    async with runtime:
-        client = await aiohttp_client(runtime.public_app())
-        yield runtime, client, upstream, tmp_path / "dl"
+    with capture_logs() as logs:
+        async with runtime:
+            client = await aiohttp_client(runtime.public_app())
+            yield runtime, client, upstream, tmp_path / "dl"
+    crashes = [line for line in logs if line["event"] in CRASH_EVENTS]
+    assert not crashes, crashes
 
 
 async def send(client, payload):
