@@ -208,6 +208,7 @@ class Intake:
         if verified.skew_seconds is not None:
             metrics.signature_skew.observe(verified.skew_seconds)
         if added:
+            log.debug("event stored", event_id=new.id, event_name=name)
             self._outcomes["accepted"].inc()
             metrics.events.labels(name, "received").inc()
             if self._on_stored is not None:
