@@ -19,16 +19,25 @@ async def upstream(aiohttp_server):
 
 
 def config(path, upstream):
-    return write_config(path, {
-        "server": {"host": "127.0.0.1", "port": free_port()},
-        "admin": {"port": free_port()},
-        "webhook": {"secrets": [SECRET]},
-        "api": {"base_url": upstream.base_url, "api_key": API_KEY},
-        "store": {"url": "sqlite:///inbox.db"},
-        "worker": {"poll_interval_seconds": 0.1},
-        "sinks": [{"name": "files", "type": "download", "directory": "downloads",
-                   "allow_private_networks": True}],
-    })
+    return write_config(
+        path,
+        {
+            "server": {"host": "127.0.0.1", "port": free_port()},
+            "admin": {"port": free_port()},
+            "webhook": {"secrets": [SECRET]},
+            "api": {"base_url": upstream.base_url, "api_key": API_KEY},
+            "store": {"url": "sqlite:///inbox.db"},
+            "worker": {"poll_interval_seconds": 0.1},
+            "sinks": [
+                {
+                    "name": "files",
+                    "type": "download",
+                    "directory": "downloads",
+                    "allow_private_networks": True,
+                }
+            ],
+        },
+    )
 
 
 async def test_intake_stores_and_a_separate_worker_processes(tmp_path, upstream):
@@ -48,11 +57,13 @@ async def test_intake_stores_and_a_separate_worker_processes(tmp_path, upstream)
         await worker.wait_ready()
         # The worker has no public listener.
         with pytest.raises(aiohttp.ClientConnectionError):
-            await post_webhook(f"http://127.0.0.1:{worker.public_port}/webhooks", SECRET,
-                               payloads[0])
+            await post_webhook(
+                f"http://127.0.0.1:{worker.public_port}/webhooks", SECRET, payloads[0]
+            )
 
         async def processed():
             return len([p for p in (tmp_path / "downloads").rglob("*") if p.is_file()]) == 6
+
         await wait_for(processed, timeout=20, what="the worker to write every file")
         assert "Traceback" not in intake.log() + worker.log()
     finally:
