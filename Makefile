@@ -43,3 +43,42 @@ check: lint typecheck test
 
 clean:
 	rm -rf $(VENV) data .pytest_cache .mypy_cache .ruff_cache
+
+# --- deploy -----------------------------------------------------------------------------------
+# The tools tests/deploy runs: Debian's caddy, prometheus (with promtool) and systemd-analyze,
+# and hadolint, kubernetes-validate and PyYAML from the `deploy` extra. Idempotent: apt runs
+# only when a command is missing. Without them those tests skip (or fail in CI).
+DEPLOY_COMMANDS := caddy:caddy prometheus:prometheus promtool:prometheus systemd-analyze:systemd
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: deploy-tools image-smoke
+
+deploy-tools: $(VENV)/.installed-deploy  ## install what tests/deploy needs
+	@missing=""; \
+	for pair in $(DEPLOY_COMMANDS); do \
+		command -v "$${pair%%:*}" >/dev/null || missing="$$missing $${pair##*:}"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages:$$missing"; \
+		$(SUDO) apt-get update -q \
+		&& DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends $$missing; \
+	fi
+
+$(VENV)/.installed-deploy: pyproject.toml | $(VENV)/.installed-dev
+	$(BIN)/pip install --quiet -e '.[dev,deploy]'
+	touch $@
+
+# deploy/docker/Dockerfile's install steps without a Docker engine: the same build context
+# (what .dockerignore lets through), a fresh virtualenv, a non-editable install, and the image's
+# default config checked by the installed command.
+IMAGE_SMOKE := build/image-smoke
+image-smoke:  ## the Dockerfile's build steps in a throwaway virtualenv
+	rm -rf $(IMAGE_SMOKE)
+	mkdir -p $(IMAGE_SMOKE)/src
+	cp -r pyproject.toml README.md receiver $(IMAGE_SMOKE)/src/
+	find $(IMAGE_SMOKE)/src -name __pycache__ -prune -exec rm -rf {} +
+	$(PYTHON) -m venv $(IMAGE_SMOKE)/opt
+	$(IMAGE_SMOKE)/opt/bin/pip install --quiet --no-cache-dir $(IMAGE_SMOKE)/src
+	RECEIVER_WEBHOOK_SECRETS=whsec_image_smoke $(IMAGE_SMOKE)/opt/bin/receiver check-config \
+		--config deploy/docker/config.toml
+	rm -rf $(IMAGE_SMOKE)
