@@ -45,12 +45,12 @@ clean:
 	rm -rf $(VENV) data .pytest_cache .mypy_cache .ruff_cache
 
 # --- deploy -----------------------------------------------------------------------------------
-# The tools tests/deploy runs: from Debian caddy, nginx, openssl, prometheus (with promtool),
+# The tools tests/deploy runs: from Debian caddy, nginx, openssl, sqlite3, prometheus (promtool),
 # systemd-analyze and docker-compose (only `config`: no Docker engine is needed); from the
 # `deploy` extra hadolint, kubernetes-validate and PyYAML. Idempotent: apt runs only when a
 # command is missing. Without them those tests skip (or fail, in CI).
 DEPLOY_COMMANDS := caddy:caddy nginx:nginx openssl:openssl prometheus:prometheus \
-	promtool:prometheus systemd-analyze:systemd docker-compose:docker-compose
+	promtool:prometheus systemd-analyze:systemd docker-compose:docker-compose sqlite3:sqlite3
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: deploy-tools image-smoke
