@@ -63,7 +63,8 @@ deploy-tools: $(VENV)/.installed-deploy  ## install what tests/deploy needs
 	if [ -n "$$missing" ]; then \
 		echo "installing Debian packages:$$missing"; \
 		$(SUDO) apt-get update -q \
-		&& DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends $$missing; \
+		&& $(SUDO) env DEBIAN_FRONTEND=noninteractive \
+			apt-get install -y -q --no-install-recommends $$missing; \
 	fi
 
 $(VENV)/.installed-deploy: pyproject.toml | $(VENV)/.installed-dev
