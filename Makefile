@@ -58,7 +58,8 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 deploy-tools: $(VENV)/.installed-deploy  ## install what tests/deploy needs
 	@missing=""; \
 	for pair in $(DEPLOY_COMMANDS); do \
-		command -v "$${pair%%:*}" >/dev/null || missing="$$missing $${pair##*:}"; \
+		PATH="$$PATH:/usr/sbin:/sbin" command -v "$${pair%%:*}" >/dev/null \
+			|| missing="$$missing $${pair##*:}"; \
 	done; \
 	if [ -n "$$missing" ]; then \
 		echo "installing Debian packages:$$missing"; \

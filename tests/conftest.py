@@ -45,8 +45,10 @@ def _missing(reason: str) -> NoReturn:
 
 
 def find_tool(name: str) -> str | None:
-    """The path of a command on PATH or in this interpreter's bin directory (the venv)."""
-    return shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    """The path of a command on PATH, in this interpreter's bin directory (the venv) or in an
+    sbin directory (nginx lives there, off a non-root user's PATH)."""
+    extra = os.pathsep.join([str(Path(sys.executable).parent), "/usr/sbin", "/sbin"])
+    return shutil.which(name) or shutil.which(name, path=extra)
 
 
 def require_tool(name: str, installed_by: str = "make deploy-tools") -> str:
