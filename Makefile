@@ -43,3 +43,46 @@ check: lint typecheck test
 
 clean:
 	rm -rf $(VENV) data .pytest_cache .mypy_cache .ruff_cache
+
+# --- deploy -----------------------------------------------------------------------------------
+# The tools tests/deploy runs: from Debian caddy, nginx, openssl, sqlite3, prometheus (promtool),
+# systemd-analyze and docker-compose (only `config`: no Docker engine is needed); from the
+# `deploy` extra hadolint, kubernetes-validate and PyYAML. Idempotent: apt runs only when a
+# command is missing. Without them those tests skip (or fail, in CI).
+DEPLOY_COMMANDS := caddy:caddy nginx:nginx openssl:openssl prometheus:prometheus \
+	promtool:prometheus systemd-analyze:systemd docker-compose:docker-compose sqlite3:sqlite3
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: deploy-tools image-smoke
+
+deploy-tools: $(VENV)/.installed-deploy  ## install what tests/deploy needs
+	@missing=""; \
+	for pair in $(DEPLOY_COMMANDS); do \
+		PATH="$$PATH:/usr/sbin:/sbin" command -v "$${pair%%:*}" >/dev/null \
+			|| missing="$$missing $${pair##*:}"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages:$$missing"; \
+		$(SUDO) apt-get update -q \
+		&& $(SUDO) env DEBIAN_FRONTEND=noninteractive \
+			apt-get install -y -q --no-install-recommends $$missing; \
+	fi
+
+$(VENV)/.installed-deploy: pyproject.toml | $(VENV)/.installed-dev
+	$(BIN)/pip install --quiet -e '.[dev,deploy]'
+	touch $@
+
+# deploy/docker/Dockerfile's install steps without a Docker engine: the same build context
+# (what .dockerignore lets through), a fresh virtualenv, a non-editable install, and the image's
+# default config checked by the installed command.
+IMAGE_SMOKE := build/image-smoke
+image-smoke:  ## the Dockerfile's build steps in a throwaway virtualenv
+	rm -rf $(IMAGE_SMOKE)
+	mkdir -p $(IMAGE_SMOKE)/src
+	cp -r pyproject.toml README.md receiver $(IMAGE_SMOKE)/src/
+	find $(IMAGE_SMOKE)/src -name __pycache__ -prune -exec rm -rf {} +
+	$(PYTHON) -m venv $(IMAGE_SMOKE)/opt
+	$(IMAGE_SMOKE)/opt/bin/pip install --quiet --no-cache-dir $(IMAGE_SMOKE)/src
+	RECEIVER_WEBHOOK_SECRETS=whsec_image_smoke $(IMAGE_SMOKE)/opt/bin/receiver check-config \
+		--config deploy/docker/config.toml
+	rm -rf $(IMAGE_SMOKE)

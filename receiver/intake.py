@@ -111,6 +111,8 @@ class Intake:
         self._clock = clock
         self._sinks = settings.sinks
         self._client_address = ClientAddress(settings.server.trusted_proxies)
+        # Decided once: at other levels an accepted webhook costs no logging work at all.
+        self._log_accepted = settings.log.level == "debug"
         self._outcomes = {o: metrics.webhook_requests.labels(o) for o in WEBHOOK_OUTCOMES}
 
     def _reject(
@@ -208,9 +210,16 @@ class Intake:
         if verified.skew_seconds is not None:
             metrics.signature_skew.observe(verified.skew_seconds)
         if added:
-            log.debug("event stored", event_id=new.id, event_name=name)
             self._outcomes["accepted"].inc()
             metrics.events.labels(name, "received").inc()
+            if self._log_accepted:
+                log.debug(
+                    "webhook accepted",
+                    event_id=new.id,
+                    job_id=new.job_id,
+                    event_name=name,
+                    client=self._client_address(request),
+                )
             if self._on_stored is not None:
                 self._on_stored()
         else:
