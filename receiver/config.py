@@ -9,6 +9,7 @@ each naming its key. Secrets may come from the environment instead of the file:
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -56,6 +57,10 @@ class StoreSettings:
     synchronous: str = "full"
     auto_migrate: bool = True
     pool_size: int = 10
+    # Postgres only: the schema holding the inbox tables ("" = the server's search_path), and
+    # how long connecting or one statement may take before the store counts as unavailable.
+    schema: str = ""
+    timeout_seconds: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -277,6 +282,7 @@ def _check_values(s: dict[str, Any], problems: list[str]) -> None:
         problems.append("store.url: must start with sqlite://, postgresql:// or memory://")
     if store.pool_size < 1:
         problems.append("store.pool_size: must be at least 1")
+    _check_postgres_store(store, problems)
     if not webhook.secrets and not webhook.secrets_file:
         problems.append(
             "webhook.secrets: no secret configured (set webhook.secrets, webhook.secrets_file "
@@ -306,6 +312,23 @@ def _check_values(s: dict[str, Any], problems: list[str]) -> None:
         problems.append('log.level: must be "debug", "info", "warning" or "error"')
     if log.format not in ("auto", "json", "console"):
         problems.append('log.format: must be "auto", "json" or "console"')
+
+
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
+def _check_postgres_store(store: StoreSettings, problems: list[str]) -> None:
+    """The keys only the Postgres store reads."""
+    if store.schema:
+        if not store.url.startswith(("postgresql://", "postgres://")):
+            problems.append("store.schema: only a postgresql:// store has schemas")
+        elif not _SCHEMA_NAME.fullmatch(store.schema):
+            problems.append(
+                "store.schema: must be a lower-case name of letters, digits and _ "
+                "(at most 63, not starting with a digit)"
+            )
+    if store.timeout_seconds <= 0:
+        problems.append("store.timeout_seconds: must be positive")
 
 
 def _build_sinks(raw: Any, problems: list[str]) -> list[SinkSettings]:
