@@ -81,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     redeliver.add_argument("id", nargs="?")
     redeliver.add_argument("--dead", action="store_true", help="every dead delivery")
 
+    with_config(
+        commands.add_parser("migrate", help="create or upgrade the inbox schema, then exit")
+    )
+
     simulate = commands.add_parser("simulate", help="a local stand-in for the upstream service")
     simulate.add_argument("--host", default="127.0.0.1")
     simulate.add_argument("--port", type=int, default=8090)
@@ -301,6 +305,16 @@ async def _events(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_migrate(args: argparse.Namespace) -> int:
+    """Apply the inbox schema migrations (also when store.auto_migrate is false)."""
+    settings = _settings(args)
+    configure_logging(settings.log.level, settings.log.format)
+    from receiver.store.migrate import migrate_store
+
+    print(_run(migrate_store(settings.store)))
+    return 0
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     configure_logging("info", "auto")
     from receiver.simulator import run_simulator
@@ -325,6 +339,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "sign": cmd_sign,
     "replay": cmd_replay,
     "events": cmd_events,
+    "migrate": cmd_migrate,
     "simulate": cmd_simulate,
 }
 

@@ -30,6 +30,7 @@ import json
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import parse_qs, urlsplit
 
 import asyncpg
 
@@ -323,7 +324,10 @@ class PostgresStore:
     # -- connections ----------------------------------------------------------------------------
 
     def _connect_kwargs(self) -> dict[str, Any]:
-        server_settings = {"application_name": "receiver"}
+        server_settings = {}
+        # Named in pg_stat_activity; a url's ?application_name=... (one per replica) wins.
+        if "application_name" not in parse_qs(urlsplit(self.url).query):
+            server_settings["application_name"] = "receiver"
         if self.settings.schema:
             server_settings["search_path"] = _quote_ident(self.settings.schema)
         return {
@@ -340,6 +344,8 @@ class PostgresStore:
         """A short, driver-free message naming the database (never its password)."""
         if isinstance(exc, TimeoutError):
             message = f"the Postgres inbox {self.where} did not answer within {self._timeout:g} s"
+        elif isinstance(exc, ConnectionRefusedError):
+            message = f"cannot reach the Postgres inbox {self.where}: connection refused"
         elif isinstance(exc, OSError):
             reason = exc.strerror or str(exc) or type(exc).__name__
             message = f"cannot reach the Postgres inbox {self.where}: {reason}"
