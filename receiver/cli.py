@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 import aiohttp
 
 from receiver import __version__
-from receiver.config import Settings, config_path, load_settings, masked
+from receiver.config import Settings, StoreSettings, config_path, load_settings, masked
 from receiver.errors import ConfigError, ReceiverError, UnknownEvent
 from receiver.logs import configure_logging
 from receiver.signature import webhook_headers
@@ -133,8 +133,7 @@ def describe(settings: Settings) -> str:
         + f"; tolerance {s.webhook.tolerance_seconds} s"
         + ("; legacy signature accepted" if s.webhook.allow_legacy_signature else ""),
         f"  upstream API     {s.api.base_url} (API key {masked(s.api.api_key)})",
-        f"  store            {_mask_url(s.store.url)} (synchronous={s.store.synchronous}, "
-        f"retention {s.store.retention_hours:g} h)",
+        f"  store            {_store_summary(s.store)}",
         f"  workers          concurrency {s.worker.concurrency}, max attempts "
         f"{s.worker.max_attempts}, backoff {s.worker.backoff_initial_seconds:g}-"
         f"{s.worker.backoff_max_seconds:g} s",
@@ -144,6 +143,21 @@ def describe(settings: Settings) -> str:
         events = ", ".join(sink.events) or "all events"
         lines.append(f"    - {sink.name} ({sink.type}): {events}")
     return "\n".join(lines)
+
+
+def _store_summary(store: StoreSettings) -> str:
+    if store.url.startswith(("postgresql://", "postgres://")):
+        # Query parameters may carry a password (?password=...): not shown at all.
+        url = _mask_url(store.url.split("?", 1)[0])
+        return (
+            f"{url} (schema {store.schema or '<search_path>'}, pool {store.pool_size}, "
+            f"auto_migrate {str(store.auto_migrate).lower()}, "
+            f"retention {store.retention_hours:g} h)"
+        )
+    return (
+        f"{_mask_url(store.url)} (synchronous={store.synchronous}, "
+        f"retention {store.retention_hours:g} h)"
+    )
 
 
 def _mask_url(url: str) -> str:

@@ -3,7 +3,8 @@
 :func:`load_settings` reads the file, checks every key (unknown keys, wrong types, out-of-range
 values, sink tables) and raises one :class:`~receiver.errors.ConfigError` listing every problem,
 each naming its key. Secrets may come from the environment instead of the file:
-``RECEIVER_WEBHOOK_SECRETS`` (comma-separated), ``RECEIVER_API_KEY``, ``RECEIVER_ADMIN_TOKEN``.
+``RECEIVER_WEBHOOK_SECRETS`` (comma-separated), ``RECEIVER_API_KEY``, ``RECEIVER_ADMIN_TOKEN``,
+and ``RECEIVER_STORE_URL`` (replaces ``store.url``).
 """
 
 from __future__ import annotations
@@ -182,6 +183,8 @@ def parse_settings(
         sections["api"] = _replace(sections["api"], api_key=env["RECEIVER_API_KEY"])
     if env.get("RECEIVER_ADMIN_TOKEN"):
         sections["admin"] = _replace(sections["admin"], token=env["RECEIVER_ADMIN_TOKEN"])
+    if env.get("RECEIVER_STORE_URL"):  # a Postgres url carries a password: keep it in a secret
+        sections["store"] = _replace(sections["store"], url=env["RECEIVER_STORE_URL"])
     sections["webhook"] = webhook
 
     _check_values(sections, problems)
