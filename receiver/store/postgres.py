@@ -138,6 +138,7 @@ SCHEMA_VERSION_QUERY = "SELECT coalesce(max(version), 0) FROM receiver_schema_mi
 RECORD_MIGRATION = "INSERT INTO receiver_schema_migrations (version, description) VALUES ($1, $2)"
 MIGRATION_LOCK = "SELECT pg_advisory_xact_lock($1)"
 CURRENT_SCHEMA = "SELECT current_schema()"
+SCHEMA_EXISTS = "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)"
 
 # -- statements ---------------------------------------------------------------------------------
 
@@ -441,8 +442,10 @@ class PostgresStore:
             # Held until commit: replicas starting together queue here, and each one after the
             # first finds the schema up to date.
             await conn.execute(MIGRATION_LOCK, _lock_key(self._schema))
-            if self.settings.schema:
-                await conn.execute("CREATE SCHEMA IF NOT EXISTS " + _quote_ident(self._schema))
+            # Asked only when missing: creating needs a privilege on the database that a role
+            # given a ready-made schema by its DBA does not have.
+            if self.settings.schema and not await conn.fetchval(SCHEMA_EXISTS, self._schema):
+                await conn.execute("CREATE SCHEMA " + _quote_ident(self._schema))
             await conn.execute(CREATE_MIGRATIONS_TABLE)
             current = int(await conn.fetchval(SCHEMA_VERSION_QUERY))
             applied = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
+from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
@@ -394,3 +395,30 @@ async def test_opening_an_unreachable_database_names_it_without_the_password() -
     assert "s3cret" not in message
     with pytest.raises(StoreUnavailable, match="not open"):
         await store.add_event(new_event("ev-1"))
+
+
+async def test_a_role_given_a_ready_made_schema_can_migrate_and_work(schema: str) -> None:
+    """The least privilege a DBA might grant: its own schema, no CREATE on the database."""
+    role = "receiver_limited_" + schema[-8:]
+    admin = await asyncpg.connect(POSTGRES_URL)
+    try:
+        await admin.execute(f"CREATE ROLE {role} LOGIN")
+        await admin.execute(f"CREATE SCHEMA {schema} AUTHORIZATION {role}")
+        can_create = await admin.fetchval(
+            "SELECT has_database_privilege($1, current_database(), 'CREATE')", role
+        )
+        assert can_create is False
+        parts = urlsplit(POSTGRES_URL)
+        url = parts._replace(netloc=f"{role}@{parts.netloc.rsplit('@', 1)[-1]}").geturl()
+        store = PostgresStore(store_settings(schema, url=url))
+        try:
+            report = await store.migrate()
+            assert report.applied == (1,)
+            await store.open()
+            assert await store.add_event(new_event("ev-1")) is True
+        finally:
+            await store.close()
+    finally:
+        await admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        await admin.execute(f"DROP ROLE IF EXISTS {role}")
+        await admin.close()
