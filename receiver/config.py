@@ -59,9 +59,10 @@ class StoreSettings:
     auto_migrate: bool = True
     pool_size: int = 10
     # Postgres only: the schema holding the inbox tables ("" = the server's search_path), and
-    # how long connecting or one statement may take before the store counts as unavailable.
+    # how long connecting or one statement may take before the store counts as unavailable
+    # (short enough for a 503 to reach the upstream within its 10 s webhook timeout).
     schema: str = ""
-    timeout_seconds: float = 10.0
+    timeout_seconds: float = 5.0
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,8 @@ class TcpProxy:
 
     :meth:`stop` closes the port and cuts every forwarded connection (what clients see when the
     database restarts or the network fails); :meth:`start` opens the same port again.
+    :meth:`hold` keeps every connection open but forwards nothing (a hung database or a silent
+    network) until :meth:`resume`.
     """
 
     def __init__(self, target_host: str = "127.0.0.1", target_port: int = 5432) -> None:
@@ -94,6 +96,8 @@ class TcpProxy:
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._flowing = asyncio.Event()
+        self._flowing.set()
 
     def url(self, **params: str) -> str:
         """The test database url, through this proxy."""
@@ -117,6 +121,12 @@ class TcpProxy:
         if self._tasks:
             await asyncio.wait(list(self._tasks))
 
+    def hold(self) -> None:
+        self._flowing.clear()
+
+    def resume(self) -> None:
+        self._flowing.set()
+
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
@@ -130,7 +140,7 @@ class TcpProxy:
             return
         self._writers.add(up_writer)
         try:
-            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
         except (OSError, asyncio.CancelledError):
             pass
         finally:
@@ -139,9 +149,9 @@ class TcpProxy:
                 self._writers.discard(w)
             self._tasks.discard(task)
 
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    while data := await reader.read(65536):
-        writer.write(data)
-        await writer.drain()
-    writer.transport.abort()
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(65536):
+            await self._flowing.wait()
+            writer.write(data)
+            await writer.drain()
+        writer.transport.abort()

@@ -467,10 +467,21 @@ class PostgresStore:
     # -- running statements ---------------------------------------------------------------------
 
     async def _run(self, fn: Callable[[Any], Awaitable[T]], *, transaction: bool = False) -> T:
-        """Run ``fn`` on a pooled connection (in a transaction if asked); map driver errors."""
+        """Run ``fn`` on a pooled connection (in a transaction if asked); map driver errors.
+
+        The whole call, waiting for a connection included, gets ``timeout_seconds``: a hung
+        database makes intake answer 503 in time, not hang with the request.
+        """
         pool = self._pool
         if pool is None:
             raise StoreUnavailable("the inbox is not open")
+        try:
+            async with asyncio.timeout(self._timeout):
+                return await self._attempts(pool, fn, transaction)
+        except TimeoutError as exc:
+            raise self._unavailable(exc) from exc
+
+    async def _attempts(self, pool: Any, fn: Callable[[Any], Awaitable[T]], transaction: bool) -> T:
         for attempt in range(RETRIES_ON_CONFLICT + 1):
             try:
                 async with pool.acquire(timeout=self._timeout) as conn:

@@ -422,3 +422,32 @@ async def test_a_role_given_a_ready_made_schema_can_migrate_and_work(schema: str
         await admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
         await admin.execute(f"DROP ROLE IF EXISTS {role}")
         await admin.close()
+
+
+async def test_a_hung_database_is_store_unavailable_within_the_timeout(schema: str) -> None:
+    proxy = TcpProxy()
+    await proxy.start()
+    store = PostgresStore(store_settings(schema, url=proxy.url(), timeout_seconds=1.0))
+    await store.open()
+    try:
+        assert await store.add_event(new_event("before")) is True
+        proxy.hold()  # connections stay open, nothing comes back
+        with pytest.raises(StoreUnavailable, match="did not answer within 1 s"):
+            await store.add_event(new_event("during"))
+        with pytest.raises(StoreUnavailable, match="did not answer within 1 s"):
+            await store.ping()
+        proxy.resume()
+
+        async def healed() -> bool:
+            try:
+                await store.add_event(new_event("after"))
+            except StoreUnavailable:
+                return False
+            return True
+
+        await wait_for(healed, what="the store to answer again")
+        record = await store.get("after")
+        assert record is not None
+    finally:
+        await store.close()
+        await proxy.stop()

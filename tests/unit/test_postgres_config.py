@@ -23,7 +23,7 @@ def problems(store):
 def test_postgres_keys_and_defaults():
     store = settings({"url": PG, "schema": "receiver", "pool_size": 5}).store
     assert (store.schema, store.pool_size, store.auto_migrate) == ("receiver", 5, True)
-    assert store.timeout_seconds == 10.0
+    assert store.timeout_seconds == 5.0
 
 
 @pytest.mark.parametrize("schema", ["Receiver", "1abc", "has space", "a-b", 'x"y', "x" * 64])
