@@ -56,6 +56,8 @@ CHANNEL = "receiver_new_events"
 RETRIES_ON_CONFLICT = 3
 LISTEN_BACKOFF_MAX_SECONDS = 30.0
 LISTEN_HEALTH_SECONDS = 30.0
+#: Statements of a migration, and waiting for another replica's migration, may take this long.
+MIGRATION_TIMEOUT_SECONDS = 600.0
 
 # -- schema -------------------------------------------------------------------------------------
 
@@ -358,6 +360,9 @@ class PostgresStore:
         err.__cause__ = exc
         return err
 
+    def _bad_url(self, exc: ValueError) -> StoreUnavailable:
+        return StoreUnavailable(f"store.url {self.where} is not a usable Postgres url: {exc}")
+
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def open(self) -> None:
@@ -376,10 +381,10 @@ class PostgresStore:
                 max_inactive_connection_lifetime=300.0,
                 **self._connect_kwargs(),
             )
+        except ValueError as exc:  # a malformed url or option (before any connection)
+            raise self._bad_url(exc) from exc
         except _DB_ERRORS as exc:
             raise self._unavailable(exc) from exc
-        except ValueError as exc:  # a malformed url or option, from the driver
-            raise StoreUnavailable(f"store.url {self.where}: {exc}") from exc
         if self._callbacks:
             self._start_listener()
 
@@ -411,10 +416,10 @@ class PostgresStore:
                 return await self._migrate(conn, apply=True)
             finally:
                 await self._close_conn(conn)
+        except ValueError as exc:
+            raise self._bad_url(exc) from exc
         except _DB_ERRORS as exc:
             raise self._unavailable(exc) from exc
-        except ValueError as exc:
-            raise StoreUnavailable(f"store.url {self.where}: {exc}") from exc
 
     async def _migrate(self, conn: Any, *, apply: bool) -> MigrationReport:
         if not self._schema:
@@ -441,7 +446,9 @@ class PostgresStore:
         async with conn.transaction():
             # Held until commit: replicas starting together queue here, and each one after the
             # first finds the schema up to date.
-            await conn.execute(MIGRATION_LOCK, _lock_key(self._schema))
+            await conn.execute(
+                MIGRATION_LOCK, _lock_key(self._schema), timeout=MIGRATION_TIMEOUT_SECONDS
+            )
             # Asked only when missing: creating needs a privilege on the database that a role
             # given a ready-made schema by its DBA does not have.
             if self.settings.schema and not await conn.fetchval(SCHEMA_EXISTS, self._schema):
@@ -451,7 +458,7 @@ class PostgresStore:
             applied = []
             for migration in MIGRATIONS[current:]:
                 for statement in migration.statements:
-                    await conn.execute(statement)
+                    await conn.execute(statement, timeout=MIGRATION_TIMEOUT_SECONDS)
                 await conn.execute(RECORD_MIGRATION, migration.version, migration.description)
                 applied.append(migration.version)
         if applied:

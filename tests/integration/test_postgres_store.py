@@ -451,3 +451,12 @@ async def test_a_hung_database_is_store_unavailable_within_the_timeout(schema: s
     finally:
         await store.close()
         await proxy.stop()
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["postgresql://127.0.0.1:port/test", "postgresql://127.0.0.1:5432/test?sslmode=sometimes"],
+)
+async def test_a_malformed_url_is_named_as_such(url: str) -> None:
+    with pytest.raises(StoreUnavailable, match="is not a usable Postgres url"):
+        await PostgresStore(store_settings("receiver_unused", url=url)).open()
