@@ -43,3 +43,11 @@ check: lint typecheck test
 
 clean:
 	rm -rf $(VENV) data .pytest_cache .mypy_cache .ruff_cache
+
+# --- Postgres: the store contract, outages, migrations and three replicas on one inbox --------
+.PHONY: test-postgres
+test-postgres: $(VENV)/.installed-dev  ## the Postgres tests alone (PostgreSQL on 127.0.0.1:5432)
+	RECEIVER_REQUIRE_SERVICES=1 $(BIN)/pytest -q -k postgres tests/integration/test_store_contract.py
+	RECEIVER_REQUIRE_SERVICES=1 $(BIN)/pytest -q tests/integration/test_migrate_cli.py \
+		tests/integration/test_postgres_store.py tests/integration/test_postgres_outage.py \
+		tests/integration/test_postgres_replicas.py

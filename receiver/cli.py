@@ -113,10 +113,22 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     from receiver.sinks.loader import missing_extras
 
     problems = missing_extras(settings)
+    problems.extend(_store_problems(settings))
     if problems:
         raise ConfigError(problems)
     print(describe(settings))
     return 0
+
+
+def _store_problems(settings: Settings) -> list[str]:
+    """What building (not opening) the store finds: a missing extra, a bad SQLite url."""
+    from receiver.store import open_store
+
+    try:
+        open_store(settings.store)
+    except ConfigError as exc:
+        return exc.problems
+    return []
 
 
 def describe(settings: Settings) -> str:

@@ -1,5 +1,7 @@
 """The [store] keys only the Postgres store reads, and the store url from the environment."""
 
+import sys
+
 import pytest
 
 from receiver.cli import describe
@@ -52,3 +54,22 @@ def test_store_url_from_the_environment_wins_and_is_masked_in_the_summary():
     summary = describe(s)
     assert "postgresql://receiver:****@db.internal:5432/receiver (schema <search_path>" in summary
     assert "s3cret" not in summary
+
+
+def test_without_asyncpg_a_postgres_url_names_the_extra(monkeypatch, tmp_path, capsys):
+    from receiver.cli import main
+    from receiver.store import open_store
+
+    monkeypatch.setitem(sys.modules, "asyncpg", None)  # as if not installed
+    monkeypatch.delitem(sys.modules, "receiver.store.postgres", raising=False)
+    with pytest.raises(ConfigError, match=r"pip install 'receiver\[postgres\]'"):
+        open_store(settings({"url": PG}).store)
+
+    config = tmp_path / "config.toml"
+    config.write_text(f'[webhook]\nsecrets = ["whsec_x"]\n[store]\nurl = "{PG}"\n')
+    assert main(["check-config", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == (
+        "receiver: config: store.url: the postgres store needs an optional library; "
+        "run: pip install 'receiver[postgres]'"
+    )
