@@ -473,8 +473,18 @@ class PostgresStore:
 
     # -- running statements ---------------------------------------------------------------------
 
-    async def _run(self, fn: Callable[[Any], Awaitable[T]], *, transaction: bool = False) -> T:
-        """Run ``fn`` on a pooled connection (in a transaction if asked); map driver errors.
+    async def _run(
+        self,
+        fn: Callable[[Any], Awaitable[T]],
+        *,
+        transaction: bool = False,
+        snapshot: bool = False,
+    ) -> T:
+        """Run ``fn`` on a pooled connection; map driver errors.
+
+        ``transaction`` runs it in one read-committed transaction (writes); ``snapshot`` in one
+        read-only repeatable-read transaction, so an event and its deliveries are read as of
+        one moment.
 
         The whole call, waiting for a connection included, gets ``timeout_seconds``: a hung
         database makes intake answer 503 in time, not hang with the request.
@@ -484,18 +494,23 @@ class PostgresStore:
             raise StoreUnavailable("the inbox is not open")
         try:
             async with asyncio.timeout(self._timeout):
-                return await self._attempts(pool, fn, transaction)
+                return await self._attempts(pool, fn, transaction, snapshot)
         except TimeoutError as exc:
             raise self._unavailable(exc) from exc
 
-    async def _attempts(self, pool: Any, fn: Callable[[Any], Awaitable[T]], transaction: bool) -> T:
+    async def _attempts(
+        self, pool: Any, fn: Callable[[Any], Awaitable[T]], transaction: bool, snapshot: bool
+    ) -> T:
         for attempt in range(RETRIES_ON_CONFLICT + 1):
             try:
                 async with pool.acquire(timeout=self._timeout) as conn:
-                    if not transaction:
-                        return await fn(conn)
-                    async with conn.transaction():
-                        return await fn(conn)
+                    if snapshot:
+                        async with conn.transaction(isolation="repeatable_read", readonly=True):
+                            return await fn(conn)
+                    if transaction:
+                        async with conn.transaction():
+                            return await fn(conn)
+                    return await fn(conn)
             except _CONFLICTS as exc:
                 # Postgres rolled the whole transaction back: running it again is safe.
                 if attempt == RETRIES_ON_CONFLICT:
@@ -609,7 +624,7 @@ class PostgresStore:
                 return None
             return (await _with_deliveries(conn, rows))[0]
 
-        return await self._run(run, transaction=True)
+        return await self._run(run, snapshot=True)
 
     async def list(
         self, *, state: str | None = None, limit: int = 50, offset: int = 0
@@ -623,7 +638,7 @@ class PostgresStore:
                 rows = await conn.fetch(LIST_BY_STATE, state, limit, offset)
             return await _with_deliveries(conn, rows)
 
-        return await self._run(run, transaction=True)
+        return await self._run(run, snapshot=True)
 
     async def redeliver(self, event_id: str, *, now: float) -> int:
         async def run(conn: Any) -> int:
