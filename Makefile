@@ -86,3 +86,11 @@ image-smoke:  ## the Dockerfile's build steps in a throwaway virtualenv
 	RECEIVER_WEBHOOK_SECRETS=whsec_image_smoke $(IMAGE_SMOKE)/opt/bin/receiver check-config \
 		--config deploy/docker/config.toml
 	rm -rf $(IMAGE_SMOKE)
+
+# --- Postgres: the store contract, outages, migrations and three replicas on one inbox --------
+.PHONY: test-postgres
+test-postgres: $(VENV)/.installed-dev  ## the Postgres tests alone (PostgreSQL on 127.0.0.1:5432)
+	RECEIVER_REQUIRE_SERVICES=1 $(BIN)/pytest -q -k postgres tests/integration/test_store_contract.py
+	RECEIVER_REQUIRE_SERVICES=1 $(BIN)/pytest -q tests/integration/test_migrate_cli.py \
+		tests/integration/test_postgres_store.py tests/integration/test_postgres_outage.py \
+		tests/integration/test_postgres_replicas.py

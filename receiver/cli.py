@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 import aiohttp
 
 from receiver import __version__
-from receiver.config import Settings, config_path, load_settings, masked
+from receiver.config import Settings, StoreSettings, config_path, load_settings, masked
 from receiver.errors import ConfigError, ReceiverError, UnknownEvent
 from receiver.logs import configure_logging
 from receiver.signature import webhook_headers
@@ -81,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     redeliver.add_argument("id", nargs="?")
     redeliver.add_argument("--dead", action="store_true", help="every dead delivery")
 
+    with_config(
+        commands.add_parser("migrate", help="create or upgrade the inbox schema, then exit")
+    )
+
     simulate = commands.add_parser("simulate", help="a local stand-in for the upstream service")
     simulate.add_argument("--host", default="127.0.0.1")
     simulate.add_argument("--port", type=int, default=8090)
@@ -109,10 +113,22 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     from receiver.sinks.loader import missing_extras
 
     problems = missing_extras(settings)
+    problems.extend(_store_problems(settings))
     if problems:
         raise ConfigError(problems)
     print(describe(settings))
     return 0
+
+
+def _store_problems(settings: Settings) -> list[str]:
+    """What building (not opening) the store finds: a missing extra, a bad SQLite url."""
+    from receiver.store import open_store
+
+    try:
+        open_store(settings.store)
+    except ConfigError as exc:
+        return exc.problems
+    return []
 
 
 def describe(settings: Settings) -> str:
@@ -129,8 +145,7 @@ def describe(settings: Settings) -> str:
         + f"; tolerance {s.webhook.tolerance_seconds} s"
         + ("; legacy signature accepted" if s.webhook.allow_legacy_signature else ""),
         f"  upstream API     {s.api.base_url} (API key {masked(s.api.api_key)})",
-        f"  store            {_mask_url(s.store.url)} (synchronous={s.store.synchronous}, "
-        f"retention {s.store.retention_hours:g} h)",
+        f"  store            {_store_summary(s.store)}",
         f"  workers          concurrency {s.worker.concurrency}, max attempts "
         f"{s.worker.max_attempts}, backoff {s.worker.backoff_initial_seconds:g}-"
         f"{s.worker.backoff_max_seconds:g} s",
@@ -140,6 +155,21 @@ def describe(settings: Settings) -> str:
         events = ", ".join(sink.events) or "all events"
         lines.append(f"    - {sink.name} ({sink.type}): {events}")
     return "\n".join(lines)
+
+
+def _store_summary(store: StoreSettings) -> str:
+    if store.url.startswith(("postgresql://", "postgres://")):
+        # Query parameters may carry a password (?password=...): not shown at all.
+        url = _mask_url(store.url.split("?", 1)[0])
+        return (
+            f"{url} (schema {store.schema or '<search_path>'}, pool {store.pool_size}, "
+            f"auto_migrate {str(store.auto_migrate).lower()}, "
+            f"retention {store.retention_hours:g} h)"
+        )
+    return (
+        f"{_mask_url(store.url)} (synchronous={store.synchronous}, "
+        f"retention {store.retention_hours:g} h)"
+    )
 
 
 def _mask_url(url: str) -> str:
@@ -301,6 +331,16 @@ async def _events(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_migrate(args: argparse.Namespace) -> int:
+    """Apply the inbox schema migrations (also when store.auto_migrate is false)."""
+    settings = _settings(args)
+    configure_logging(settings.log.level, settings.log.format)
+    from receiver.store.migrate import migrate_store
+
+    print(_run(migrate_store(settings.store)))
+    return 0
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     configure_logging("info", "auto")
     from receiver.simulator import run_simulator
@@ -326,6 +366,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "sign": cmd_sign,
     "replay": cmd_replay,
     "events": cmd_events,
+    "migrate": cmd_migrate,
     "simulate": cmd_simulate,
 }
 

@@ -3,12 +3,14 @@
 :func:`load_settings` reads the file, checks every key (unknown keys, wrong types, out-of-range
 values, sink tables) and raises one :class:`~receiver.errors.ConfigError` listing every problem,
 each naming its key. Secrets may come from the environment instead of the file:
-``RECEIVER_WEBHOOK_SECRETS`` (comma-separated), ``RECEIVER_API_KEY``, ``RECEIVER_ADMIN_TOKEN``.
+``RECEIVER_WEBHOOK_SECRETS`` (comma-separated), ``RECEIVER_API_KEY``, ``RECEIVER_ADMIN_TOKEN``,
+and ``RECEIVER_STORE_URL`` (replaces ``store.url``).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -56,6 +58,11 @@ class StoreSettings:
     synchronous: str = "full"
     auto_migrate: bool = True
     pool_size: int = 10
+    # Postgres only: the schema holding the inbox tables ("" = the server's search_path), and
+    # how long connecting or one statement may take before the store counts as unavailable
+    # (short enough for a 503 to reach the upstream within its 10 s webhook timeout).
+    schema: str = ""
+    timeout_seconds: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -177,6 +184,8 @@ def parse_settings(
         sections["api"] = _replace(sections["api"], api_key=env["RECEIVER_API_KEY"])
     if env.get("RECEIVER_ADMIN_TOKEN"):
         sections["admin"] = _replace(sections["admin"], token=env["RECEIVER_ADMIN_TOKEN"])
+    if env.get("RECEIVER_STORE_URL"):  # a Postgres url carries a password: keep it in a secret
+        sections["store"] = _replace(sections["store"], url=env["RECEIVER_STORE_URL"])
     sections["webhook"] = webhook
 
     _check_values(sections, problems)
@@ -277,6 +286,7 @@ def _check_values(s: dict[str, Any], problems: list[str]) -> None:
         problems.append("store.url: must start with sqlite://, postgresql:// or memory://")
     if store.pool_size < 1:
         problems.append("store.pool_size: must be at least 1")
+    _check_postgres_store(store, problems)
     if not webhook.secrets and not webhook.secrets_file:
         problems.append(
             "webhook.secrets: no secret configured (set webhook.secrets, webhook.secrets_file "
@@ -306,6 +316,23 @@ def _check_values(s: dict[str, Any], problems: list[str]) -> None:
         problems.append('log.level: must be "debug", "info", "warning" or "error"')
     if log.format not in ("auto", "json", "console"):
         problems.append('log.format: must be "auto", "json" or "console"')
+
+
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
+def _check_postgres_store(store: StoreSettings, problems: list[str]) -> None:
+    """The keys only the Postgres store reads."""
+    if store.schema:
+        if not store.url.startswith(("postgresql://", "postgres://")):
+            problems.append("store.schema: only a postgresql:// store has schemas")
+        elif not _SCHEMA_NAME.fullmatch(store.schema):
+            problems.append(
+                "store.schema: must be a lower-case name of letters, digits and _ "
+                "(at most 63, not starting with a digit)"
+            )
+    if store.timeout_seconds <= 0:
+        problems.append("store.timeout_seconds: must be positive")
 
 
 def _build_sinks(raw: Any, problems: list[str]) -> list[SinkSettings]:

@@ -6,10 +6,9 @@ Every test passes ``now`` explicitly, so leases and due times are checked withou
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
-import os
 import random
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -22,13 +21,10 @@ from receiver.store import NewEvent, Outcome, Store
 from receiver.store.base import DeliveryState
 from receiver.store.memory import MemoryStore
 from receiver.store.sqlite import SqliteStore
-from tests.conftest import require_service
+from tests.postgres import fresh_schema, require_postgres, store_settings
 
 T0 = 1_700_000_000.0
 LEASE = 60.0
-POSTGRES_ADMIN_URL = os.environ.get(
-    "RECEIVER_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
-)
 
 StoreFactory = Callable[[], Awaitable[Store]]
 
@@ -60,68 +56,45 @@ def states(record: Any) -> dict[str, str]:
 # -- backends -----------------------------------------------------------------------------------
 
 
-async def _postgres_database() -> tuple[str, Callable[[], Awaitable[None]]]:
-    """A fresh, empty database for one test, so the test is independent of the store's schema."""
-    import asyncpg
-
-    name = "receiver_test_" + uuid.uuid4().hex[:12]
-    admin = await asyncpg.connect(POSTGRES_ADMIN_URL)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    base, _, _ = POSTGRES_ADMIN_URL.rpartition("/")
-
-    async def drop() -> None:
-        admin = await asyncpg.connect(POSTGRES_ADMIN_URL)
-        try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await admin.close()
-
-    return f"{base}/{name}", drop
-
-
 @pytest.fixture(params=["memory", "sqlite", "postgres"])
 def backend(request: pytest.FixtureRequest) -> str:
     name: str = request.param
     if name == "postgres":
         if importlib.util.find_spec("receiver.store.postgres") is None:
             pytest.skip("postgres store not implemented")
-        require_service("PostgreSQL", "127.0.0.1", 5432)
+        require_postgres()
     return name
 
 
 @pytest.fixture
 async def open_backend(backend: str, tmp_path: Path) -> AsyncIterator[StoreFactory]:
-    """Opens a new store instance on this test's data each call; closes them all afterwards."""
+    """Opens a new store instance on this test's data each call; closes them all afterwards.
+
+    Postgres tests each get a schema of their own in the test database, dropped afterwards.
+    """
     opened: list[Store] = []
-    cleanup: list[Callable[[], Awaitable[None]]] = []
-    if backend == "postgres":
-        url, drop = await _postgres_database()
-        cleanup.append(drop)
+    async with contextlib.AsyncExitStack() as stack:
+        schema = await stack.enter_async_context(fresh_schema()) if backend == "postgres" else ""
 
-    async def factory() -> Store:
-        store: Store
-        if backend == "memory":
-            store = MemoryStore(StoreSettings(url="memory://"))
-        elif backend == "sqlite":
-            store = SqliteStore(StoreSettings(url=f"sqlite:///{tmp_path / 'inbox.db'}"))
-        else:
-            from receiver.store.postgres import PostgresStore  # type: ignore[import-not-found]
+        async def factory() -> Store:
+            store: Store
+            if backend == "memory":
+                store = MemoryStore(StoreSettings(url="memory://"))
+            elif backend == "sqlite":
+                store = SqliteStore(StoreSettings(url=f"sqlite:///{tmp_path / 'inbox.db'}"))
+            else:
+                from receiver.store.postgres import PostgresStore
 
-            store = PostgresStore(StoreSettings(url=url))
-        await store.open()
-        opened.append(store)
-        return store
+                store = PostgresStore(store_settings(schema))
+            await store.open()
+            opened.append(store)
+            return store
 
-    try:
-        yield factory
-    finally:
-        for store in opened:
-            await store.close()
-        for fn in cleanup:
-            await fn()
+        try:
+            yield factory
+        finally:
+            for store in opened:
+                await store.close()
 
 
 @pytest.fixture

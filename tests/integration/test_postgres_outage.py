@@ -1,0 +1,169 @@
+"""A receiver on Postgres when the database goes away: 503 (never 2xx), back off, resume.
+
+Postgres itself is shared here, so it is never stopped: a proxy whose port is closed plays a
+database restart, and ``pg_terminate_backend`` on the receiver's own connections plays dropped
+connections.
+"""
+
+import asyncio
+import json
+import time
+
+import pytest
+from structlog.testing import capture_logs
+
+from receiver.app import Runtime
+from receiver.config import parse_settings
+from receiver.signature import webhook_headers
+from receiver.simulator import Simulator
+from tests.helpers import wait_for
+from tests.postgres import TcpProxy, fresh_schema, require_postgres, terminate_backends
+
+SECRET = "whsec_outage"
+API_KEY = "service_" + "cd" * 32
+
+
+@pytest.fixture
+async def upstream(aiohttp_server):
+    sim = Simulator(api_key=API_KEY, seed=5)
+    server = await aiohttp_server(sim.create_app())
+    sim.base_url = str(server.make_url("/v1"))
+    return sim
+
+
+@pytest.fixture
+async def schema():
+    require_postgres()
+    async with fresh_schema() as name:
+        yield name
+
+
+def make_settings(tmp_path, upstream, store):
+    return parse_settings(
+        {
+            "webhook": {"secrets": [SECRET]},
+            "api": {"base_url": upstream.base_url, "api_key": API_KEY, "timeout_seconds": 5},
+            "store": {"pool_size": 4, "timeout_seconds": 2, **store},
+            "worker": {
+                # A settle or release cut off by the outage leaves its claim until the lease
+                # ends: keep it short so the test sees the takeover.
+                "lease_seconds": 5,
+                "backoff_initial_seconds": 0.05,
+                "backoff_max_seconds": 0.2,
+                "poll_interval_seconds": 0.05,
+            },
+            "sinks": [
+                {
+                    "name": "files",
+                    "type": "download",
+                    "directory": str(tmp_path / "dl"),
+                    "allow_private_networks": True,
+                }
+            ],
+        },
+        env={},
+    )
+
+
+async def send(client, payload):
+    body = json.dumps(payload).encode()
+    headers = webhook_headers(
+        SECRET, body, int(time.time()), event_id=payload["id"], event_name=payload["event"]
+    )
+    response = await client.post("/webhooks", data=body, headers=headers)
+    await response.read()
+    return response.status
+
+
+async def resend_until_stored(client, payloads):
+    """What the upstream does: retry every refused event until it gets a 2xx."""
+    statuses = set()
+    waiting = list(payloads)
+    deadline = time.monotonic() + 30
+    while waiting and time.monotonic() < deadline:
+        results = await asyncio.gather(*(send(client, p) for p in waiting))
+        statuses.update(results)
+        waiting = [p for p, status in zip(waiting, results, strict=True) if status != 200]
+        if waiting:
+            await asyncio.sleep(0.1)
+    assert not waiting, f"{len(waiting)} events never stored"
+    return statuses
+
+
+async def all_done(runtime, payloads, timeout=30.0):
+    async def check():
+        counts, _ = await runtime.store.counts()
+        return counts == {"pending": 0, "done": len(payloads), "dead": 0}
+
+    await wait_for(check, timeout, what=f"{len(payloads)} events processed")
+
+
+def files_under(root):
+    return sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith("."))
+
+
+async def test_database_down_intake_answers_503_workers_back_off_and_resume(
+    aiohttp_client, tmp_path, upstream, schema
+):
+    proxy = TcpProxy()
+    await proxy.start()
+    settings = make_settings(tmp_path, upstream, {"url": proxy.url(), "schema": schema})
+    try:
+        async with Runtime(settings) as runtime:
+            public = await aiohttp_client(runtime.public_app())
+            ops = await aiohttp_client(runtime.ops_app())
+            first = upstream.add_job("image")
+            assert await send(public, first) == 200
+            await all_done(runtime, [first])
+
+            with capture_logs() as logs:
+                await proxy.stop()
+                outage = [upstream.add_job("image") for _ in range(5)]
+                statuses = [await send(public, p) for p in outage]
+                assert statuses == [503] * 5
+                assert (await ops.get("/readyz")).status == 503
+
+                async def backing_off():
+                    return any(e["event"] == "claim failed; retrying" for e in logs)
+
+                await wait_for(backing_off, what="the worker to back off")
+            assert all("retry_in" in e for e in logs if e["event"] == "claim failed; retrying")
+
+            await proxy.start()  # the database is back
+            assert await resend_until_stored(public, outage) == {200}
+            await all_done(runtime, [first, *outage])
+            assert (await ops.get("/readyz")).status == 200
+            assert len(files_under(tmp_path / "dl")) == 2 * 6
+            unavailable = runtime.metrics.webhook_requests.labels("unavailable")._value.get()
+            assert unavailable == 5
+    finally:
+        await proxy.stop()
+
+
+async def test_dropped_connections_mid_traffic_never_answer_2xx_for_a_lost_event(
+    aiohttp_client, tmp_path, upstream, schema
+):
+    from tests.postgres import url_with
+
+    name = "receiver-outage-" + schema[-8:]
+    settings = make_settings(
+        tmp_path, upstream, {"url": url_with(application_name=name), "schema": schema}
+    )
+    payloads = [upstream.add_job("logo") for _ in range(150)]
+    async with Runtime(settings) as runtime:
+        public = await aiohttp_client(runtime.public_app())
+        killed = 0
+
+        async def kill_twice():
+            nonlocal killed
+            for _ in range(2):
+                await asyncio.sleep(0.05)
+                killed += await terminate_backends(name)
+
+        statuses, _ = await asyncio.gather(resend_until_stored(public, payloads), kill_twice())
+        assert killed >= 1
+        assert statuses <= {200, 503}
+        await all_done(runtime, payloads)
+        stored = {e.id for e in await runtime.store.list(limit=1000)}
+        assert stored == {p["id"] for p in payloads}
+        assert len(files_under(tmp_path / "dl")) == 150
