@@ -137,7 +137,7 @@ async def test_runs_only_with_an_api_key(upstream) -> None:
 def test_a_negative_interval_is_a_config_error() -> None:
     from receiver.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="api.watchdog_interval_seconds"):
+    with pytest.raises(ConfigError, match=r"api\.watchdog_interval_seconds"):
         parse_settings(
             {"webhook": {"secrets": ["s"]}, "api": {"watchdog_interval_seconds": -1}}, env={}
         )
