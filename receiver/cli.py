@@ -576,8 +576,9 @@ def _run(coro: Any) -> Any:
     try:
         import uvloop  # type: ignore[import-not-found]
     except ImportError:
-        return asyncio.run(coro)
-    return uvloop.run(coro)
+        uvloop = None
+    # Outside the except block, so errors raised while running are not chained to ImportError.
+    return asyncio.run(coro) if uvloop is None else uvloop.run(coro)
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
