@@ -121,6 +121,7 @@ class DeliverySummary:
     """What the sender did, as counts (:meth:`WebhookSender.summary`)."""
 
     events: int
+    events_delivered: int  # events with at least one 2xx
     deliveries: int
     duplicates: int
     held_back: int
@@ -133,6 +134,7 @@ class DeliverySummary:
     def as_json(self) -> dict[str, Any]:
         return {
             "events": self.events,
+            "events_delivered": self.events_delivered,
             "deliveries": self.deliveries,
             "duplicates": self.duplicates,
             "held_back": self.held_back,
@@ -273,6 +275,7 @@ class WebhookSender:
         )
         return DeliverySummary(
             events=len(self._events),
+            events_delivered=len({d.event_id for d in self.deliveries if d.state == "delivered"}),
             deliveries=len(self.deliveries),
             duplicates=sum(d.duplicate for d in self.deliveries),
             held_back=sum(d.held_back for d in self.deliveries),

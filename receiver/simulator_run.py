@@ -44,6 +44,7 @@ _FAILURE_REASONS = (
     "generation timed out after 600 s",
 )
 _FAILED_KINDS = ("image", "animation", "logo", "scene")
+_MASCOTS = 3
 
 
 @dataclass(frozen=True)
@@ -146,13 +147,15 @@ class Simulation:
             attempt_timeout=options.attempt_timeout,
             concurrency=options.concurrency,
             faults=options.faults,
-            seed=options.seed,
+            seed=options.seed + 1,  # its own stream: not the same draws as the API's faults
         )
         self.generated: Counter[str] = Counter()
         self.adopted = 0
         self.base_url = ""
         self.generation_done = asyncio.Event()
-        self._random = random.Random(options.seed)
+        self._random = random.Random(options.seed + 2)
+        # A few mascots with many items each, as an account has (collection = one mascot).
+        self._mascots = [self.sim.new_id() for _ in range(_MASCOTS)]
         self._runner: web.AppRunner | None = None
         self._generator: asyncio.Task[None] | None = None
 
@@ -246,11 +249,14 @@ class Simulation:
     def new_event(self, kind: str) -> dict[str, Any]:
         """A new job of ``kind`` (or a failed one for ``failed``); returns its webhook payload."""
         self.generated[kind] += 1
+        mascot = self._random.choice(self._mascots)
         if kind == "failed":
             return self.sim.add_failed_job(
-                self._random.choice(_FAILED_KINDS), error=self._random.choice(_FAILURE_REASONS)
+                self._random.choice(_FAILED_KINDS),
+                error=self._random.choice(_FAILURE_REASONS),
+                collection_id=mascot,
             )
-        return self.sim.add_job(kind)
+        return self.sim.add_job(kind, collection_id=mascot)
 
     def _has_subscription(self) -> bool:
         return any(hook.active for hook in self.sim.webhooks.values())
@@ -299,7 +305,7 @@ def render_summary(summary: dict[str, Any]) -> str:
     answers += [f"{k} {outcomes[k]}" for k in ("1xx", "3xx") if outcomes.get(k)]
     lines = [
         "simulator summary",
-        f"  events sent       {d['events']} ({kinds})",
+        f"  events sent       {d['events']} ({kinds}); {d['events_delivered']} got a 2xx",
         f"  deliveries        {d['deliveries']} to {len(hooks)} subscription(s) "
         f"({d['duplicates']} duplicates, {d['held_back']} held back out of order)",
         f"                    {states['delivered']} delivered, {states['exhausted']} given up "

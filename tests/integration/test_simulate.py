@@ -99,9 +99,11 @@ async def test_simulated_upstream_with_faults_feeds_a_receiver_end_to_end(
     assert len(files) == expected > 0
     assert simulation.generated == {"image": 2, "animation": 2, "logo": 2, "scene": 2, "failed": 2}
     served = summary["api"]
-    assert "429" in served["GET /v1/jobs/{id}"] or "429" in served["GET /v1/assets/{id}"]
+    refused = sum(n for route in served.values() for status, n in route.items() if status != "200")
+    assert refused > 0  # the faults did happen (429, 500, expired URLs: 1 in 5 calls or so)
     text = render_summary(summary)
-    assert "events sent       10 (image 2, animation 2, logo 2, scene 2, failed 2)" in text
+    sent = "events sent       10 (image 2, animation 2, logo 2, scene 2, failed 2); 10 got a 2xx"
+    assert sent in text
     assert "latency to 2xx    10 events" in text
 
 
