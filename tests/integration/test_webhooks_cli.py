@@ -211,3 +211,18 @@ async def test_rotation_with_sighup_needs_no_restart(tmp_path, upstream) -> None
         assert new_secret not in receiver.log()
     finally:
         receiver.stop()
+
+
+async def test_a_secrets_file_others_can_read_is_pointed_out(tmp_path, upstream) -> None:
+    cfg = config(tmp_path, upstream)
+    secrets_file = tmp_path / "secrets" / "webhook-secrets"
+    secrets_file.parent.mkdir()
+    secrets_file.write_text("whsec_older\n")
+    secrets_file.chmod(0o644)
+    code, _, err = await webhooks("register", "--url", "https://h.example/w", "--config", cfg)
+    assert code == 0
+    assert err.strip() == (
+        f"receiver: warning: {secrets_file} is readable by others; chmod 600 {secrets_file}"
+    )
+    (hook,) = upstream.webhooks.values()
+    assert secrets_file.read_text().splitlines() == ["whsec_older", hook.secret]
