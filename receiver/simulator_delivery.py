@@ -417,7 +417,8 @@ class WebhookSender:
             return True
         if hook is None or not hook.active:
             # Deleted or disabled while this attempt was in flight: deliveries have stopped.
-            return self._subscription(delivery) is None
+            self._subscription(delivery)  # records which of the two
+            return True
         hook.consecutive_failures += 1
         if hook.consecutive_failures >= DISABLE_AFTER_FAILURES:
             hook.active = False
