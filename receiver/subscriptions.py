@@ -12,14 +12,15 @@ message is one line that says what to fix.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import stat
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 
@@ -34,6 +35,11 @@ from receiver.errors import (
 from receiver.logs import redact_url
 from receiver.secrets import append_secret
 from receiver.upstream import UpstreamClient
+
+T = TypeVar("T")
+#: Tries of one upstream call answered with 429 or 5xx.
+_ATTEMPTS = 4
+_MAX_WAIT_SECONDS = 10.0
 
 
 class SubscriptionError(ReceiverError):
@@ -90,13 +96,21 @@ async def register(
     async with upstream_client(settings) as client:
         same_url: tuple[str, ...] = ()
         try:
-            same_url = tuple(
-                str(hook.get("id"))
-                for hook in await client.list_webhooks()
-                if hook.get("url") == url
+            # Only for a note about older subscriptions to this URL: not worth failing over.
+            with contextlib.suppress(TransientError, PermanentError):
+                existing = await _patiently(client.list_webhooks)
+                same_url = tuple(str(h.get("id")) for h in existing if h.get("url") == url)
+            # A 429 was not acted upon, so asking again is safe; after a 5xx the subscription
+            # may exist already, and its secret is shown only once: no second try then.
+            created = await _patiently(
+                lambda: client.create_webhook(url, events), repeatable=lambda e: e.status == 429
             )
-            created = await client.create_webhook(url, events)
         except ReceiverError as exc:
+            if isinstance(exc, TransientError) and exc.status is not None and exc.status >= 500:
+                raise SubscriptionError(
+                    f"{exc.message}; a subscription may have been created anyway, without its "
+                    "secret: check `receiver webhooks list` and delete any you do not know"
+                ) from None
             raise _explain(exc, settings) from None
         secret = created.get("secret")
         webhook_id = created.get("id")
@@ -124,7 +138,7 @@ async def list_subscriptions(settings: Settings) -> list[dict[str, Any]]:
     """Every subscription the API key's account has (all pages)."""
     async with upstream_client(settings) as client:
         try:
-            return await client.list_webhooks()
+            return await _patiently(client.list_webhooks)
         except ReceiverError as exc:
             raise _explain(exc, settings) from None
 
@@ -133,15 +147,38 @@ async def delete(settings: Settings, webhook_id: str) -> None:
     """Delete one subscription; its secret stays in the secrets file until removed by hand."""
     async with upstream_client(settings) as client:
         try:
-            await client.delete_webhook(webhook_id)
+            await _patiently(lambda: client.delete_webhook(webhook_id))
         except PermanentError as exc:
-            if "not found" in exc.message:
+            if exc.status == 404:
                 raise SubscriptionError(
                     f"no webhook {webhook_id} upstream (see receiver webhooks list)"
                 ) from None
             raise _explain(exc, settings) from None
         except ReceiverError as exc:
             raise _explain(exc, settings) from None
+
+
+async def _patiently(
+    call: Callable[[], Awaitable[T]],
+    *,
+    repeatable: Callable[[TransientError], bool] = lambda exc: exc.status is not None,
+) -> T:
+    """``call()``, asked again after a transient answer (429, 5xx) that ``repeatable`` allows.
+
+    Waits ``Retry-After`` when the upstream sent one, else 0.5 s, 1 s, 2 s. A refused key, a
+    timeout or an upstream that cannot be reached is reported at once.
+    """
+    for attempt in range(1, _ATTEMPTS + 1):
+        try:
+            return await call()
+        except UpstreamAuthError:
+            raise
+        except TransientError as exc:
+            if attempt == _ATTEMPTS or not repeatable(exc):
+                raise
+            wait = exc.retry_after if exc.retry_after is not None else 0.5 * 2 ** (attempt - 1)
+            await asyncio.sleep(min(wait, _MAX_WAIT_SECONDS))
+    raise AssertionError("unreachable")
 
 
 def _prepare_secrets_file(path: Path) -> bool:

@@ -272,8 +272,9 @@ class UpstreamClient:
         summary = f"upstream answered {status}{f' {code}' if code else ''} for {what}"
         if detail:
             summary = f"{summary}: {detail}"
+        retry_after = parse_retry_after(retry_after_header)
         if status == 429 or status >= 500:
-            raise TransientError(summary, retry_after=parse_retry_after(retry_after_header))
+            raise TransientError(summary, retry_after=retry_after, status=status)
         if status in (401, 403):
             # Once per refused response; the key itself is never logged.
             log.error(
@@ -283,14 +284,14 @@ class UpstreamClient:
                 endpoint=endpoint,
                 base_url=redact_url(self._base_url),
             )
-            raise UpstreamAuthError(summary)
+            raise UpstreamAuthError(summary, status=status)
         if status == 404:
-            raise PermanentError(f"{what} not found upstream")
+            raise PermanentError(f"{what} not found upstream", status=status)
         if status in _RETRYABLE_4XX:
-            raise TransientError(summary, retry_after=parse_retry_after(retry_after_header))
+            raise TransientError(summary, retry_after=retry_after, status=status)
         if 300 <= status < 400:
-            raise TransientError(f"{summary} (a redirect: check api.base_url)")
-        raise PermanentError(summary)
+            raise TransientError(f"{summary} (a redirect: check api.base_url)", status=status)
+        raise PermanentError(summary, status=status)
 
     def _error_detail(self, body: bytes) -> tuple[str | None, str | None]:
         """The upstream ``error.code`` and ``error.message``, when the body has them."""

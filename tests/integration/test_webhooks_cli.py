@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import stat
@@ -226,3 +227,30 @@ async def test_a_secrets_file_others_can_read_is_pointed_out(tmp_path, upstream)
     )
     (hook,) = upstream.webhooks.values()
     assert secrets_file.read_text().splitlines() == ["whsec_older", hook.secret]
+
+
+async def test_register_waits_out_a_429_but_never_repeats_after_a_5xx(tmp_path, upstream) -> None:
+    from receiver import subscriptions
+    from receiver.config import load_settings
+    from receiver.errors import ReceiverError
+
+    sim = upstream
+    settings = load_settings(config(tmp_path, sim), env={})
+    sim.rate_limit_fraction = 1.0
+    sim.retry_after = 1
+    task = asyncio.ensure_future(subscriptions.register(settings, "https://h.example/w", None))
+
+    async def refused_once() -> bool:
+        return sum(n for (_, status), n in sim.responses.items() if status == 429) >= 1
+
+    await wait_for(refused_once, what="a 429")
+    sim.rate_limit_fraction = 0.0  # the retry, a second after the 429, goes through
+    done = await asyncio.wait_for(task, 20)
+    (hook,) = sim.webhooks.values()
+    assert done.webhook["id"] == hook.id and done.secret == hook.secret
+
+    sim.error_fraction = 1.0
+    before = sim.requests["POST /v1/webhooks"]
+    with pytest.raises(ReceiverError, match="may have been created anyway"):
+        await subscriptions.register(settings, "https://h.example/w", None)
+    assert sim.requests["POST /v1/webhooks"] == before + 1  # the secret may be lost: no retry
