@@ -6,17 +6,20 @@ user would:
 1. ``receiver simulate`` on 127.0.0.1:18090, asked for a mix of jobs with faults on;
 2. ``receiver webhooks register`` subscribes the receiver's URL: the upstream's secret lands in
    ``data/demo/webhook-secrets`` (0600), and the simulator starts sending;
-3. ``receiver serve --config examples/demo.toml`` (public :18080, ops :18091), which reads that
+3. ``receiver serve`` with ``examples/demo.toml`` (public :18080, ops :18091), which reads that
    secret at start. The simulator's first attempts find nobody listening yet and are retried on
    the upstream's schedule, compressed by ``--time-scale``;
 4. waits until every event is delivered and processed, prints what happened, stops both.
 
-Everything is written under ``data/demo`` (wiped at the start), logs included.
+Everything is written under ``data/demo`` (wiped at the start), logs included. A fixed port
+that is taken is replaced by a free one, in a copy of the config at ``data/demo/demo.toml``.
+The caller's ``RECEIVER_*`` variables are not passed on.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import socket
@@ -61,6 +64,8 @@ class Demo:
         self.started = time.monotonic()
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.logs: dict[str, Path] = {}
+        # The demo's settings only: none from the caller's RECEIVER_* variables.
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("RECEIVER_")}
 
     def say(self, text: str) -> None:
         print(f"[{time.monotonic() - self.started:5.1f}s] {text}", flush=True)
@@ -70,7 +75,7 @@ class Demo:
     def start(self, name: str, args: list[str], *, stdout: Path, log: Path) -> None:
         with stdout.open("ab") as out, log.open("ab") as err:
             self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "receiver", *args], stdout=out, stderr=err
+                [sys.executable, "-m", "receiver", *args], stdout=out, stderr=err, env=self.env
             )
         self.logs[name] = log
 
@@ -98,17 +103,24 @@ class Demo:
     # ----------------------------------------------------------------- the run
 
     def run(self) -> int:
-        for port in (SIM_PORT, PUBLIC_PORT, OPS_PORT):
-            _require_free(port)
         shutil.rmtree(DATA, ignore_errors=True)
         DATA.mkdir(parents=True)
-        sim_url = f"http://127.0.0.1:{SIM_PORT}"
+        # The fixed ports when free, else any free ones, written into a copy of the config.
+        config_text = CONFIG.read_text()
+        sim_port, public_port, ops_port = ports = [
+            self.port(p) for p in (SIM_PORT, PUBLIC_PORT, OPS_PORT)
+        ]
+        for default, chosen in zip((SIM_PORT, PUBLIC_PORT, OPS_PORT), ports, strict=True):
+            config_text = config_text.replace(str(default), str(chosen))
+        config = DATA / "demo.toml"
+        config.write_text(config_text)
+        sim_url = f"http://127.0.0.1:{sim_port}"
 
         faults = [item for pair in FAULTS.items() for item in pair]
         self.start(
             "simulator",
             [
-                *("simulate", "--port", str(SIM_PORT), "--api-key", API_KEY),
+                *("simulate", "--port", str(sim_port), "--api-key", API_KEY),
                 *("--events", str(EVENTS), "--kinds", KINDS, "--rate", "10"),
                 *("--time-scale", TIME_SCALE, *faults, "--log-level", "warning"),
                 *("--summary-json", str(DATA / "simulator-summary.json")),
@@ -124,30 +136,32 @@ class Demo:
             "(1 min -> 60 ms, 5 min -> 300 ms, 30 min -> 1.8 s ...)"
         )
 
+        public_url = f"http://127.0.0.1:{public_port}/webhooks"
         register = subprocess.run(
             [
                 *(sys.executable, "-m", "receiver", "webhooks", "register"),
-                *("--config", str(CONFIG), "--url", f"http://127.0.0.1:{PUBLIC_PORT}/webhooks"),
+                *("--config", str(config), "--url", public_url),
             ],
             capture_output=True,
             text=True,
             check=False,
+            env=self.env,
         )
         if register.returncode != 0:
             raise DemoError(f"webhooks register failed: {register.stderr.strip()}")
-        self.say("$ receiver webhooks register --url http://127.0.0.1:18080/webhooks")
+        self.say(f"$ receiver webhooks register --config {config} --url {public_url}")
         for line in register.stdout.strip().splitlines():
             print(f"           {line}")
 
         self.start(
             "receiver",
-            ["serve", "--config", str(CONFIG)],
+            ["serve", "--config", str(config)],
             stdout=DATA / "receiver.log",
             log=DATA / "receiver.log",
         )
-        ops = f"http://127.0.0.1:{OPS_PORT}"
+        ops = f"http://127.0.0.1:{ops_port}"
         self.wait(lambda: _get_json(f"{ops}/readyz") is not None, "receiver")
-        self.say(f"receiver   http://127.0.0.1:{PUBLIC_PORT}/webhooks, ops {ops} (ready)")
+        self.say(f"receiver   {public_url}, ops {ops} (ready)")
         self.say("           (sending began at the registration: attempts made before the")
         self.say("           receiver listened failed and are retried on that schedule)")
 
@@ -183,6 +197,13 @@ class Demo:
             receiver_code == 0 and simulator_code == 0 and all(e["state"] == "done" for e in events)
         )
         return 0 if ok else 1
+
+    def port(self, preferred: int) -> int:
+        if _free(preferred):
+            return preferred
+        chosen = _any_free_port()
+        self.say(f"port {preferred} is in use; using {chosen} instead")
+        return chosen
 
     def wait(self, check: Any, what: str) -> None:
         deadline = self.started + DEADLINE_SECONDS
@@ -246,15 +267,19 @@ class Demo:
                 print(f"    {path.relative_to(root)}")
 
 
-def _require_free(port: int) -> None:
+def _free(port: int) -> bool:
     with socket.socket() as s:
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
-            raise DemoError(
-                f"port {port} is in use (another demo still running?); the demo needs "
-                f"{SIM_PORT}, {PUBLIC_PORT} and {OPS_PORT}"
-            ) from None
+            return False
+        return True
+
+
+def _any_free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _get(url: str, *, token: str | None = None) -> bytes | None:
