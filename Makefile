@@ -25,6 +25,11 @@ run: $(VENV)/.installed  ## start the receiver on the embedded defaults (SQLite,
 simulate: $(VENV)/.installed  ## start the local upstream stand-in on 127.0.0.1:8090
 	$(BIN)/receiver simulate
 
+# --- local testing: the simulator and a receiver together ---
+.PHONY: demo
+demo: $(VENV)/.installed  ## simulator + receiver, a mix of events with faults, a report; < 1 min
+	$(BIN)/python -m receiver.demo
+
 test: $(VENV)/.installed-dev  ## the whole suite
 	$(BIN)/pytest -q
 

@@ -31,6 +31,7 @@ from receiver.sinks.loader import build_sinks
 from receiver.store import open_store
 from receiver.store.base import EVENT_STATES, Store
 from receiver.upstream import UpstreamClient
+from receiver.watchdog import Watchdog
 from receiver.worker import Worker
 
 log = get_logger("receiver.app")
@@ -66,6 +67,7 @@ class Runtime:
         self.sinks: list[Sink] = []
         self.session: aiohttp.ClientSession | None = None
         self.worker: Worker | None = None
+        self.watchdog: Watchdog | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
 
@@ -82,6 +84,10 @@ class Runtime:
             self._tasks.append(asyncio.create_task(self._refresh_gauges(), name="gauges"))
             if self.runs_workers:
                 self._tasks.append(asyncio.create_task(self._prune(), name="prune"))
+            # --- upstream subscription watchdog ---
+            self.watchdog = self._watchdog(self.session)
+            if self.watchdog is not None:
+                self._tasks.append(asyncio.create_task(self.watchdog.run(), name="watchdog"))
         except BaseException:
             await self.close()
             raise
@@ -109,6 +115,22 @@ class Runtime:
             clock=self.clock,
         )
         self.worker.start()
+
+    def _watchdog(self, session: aiohttp.ClientSession) -> Watchdog | None:
+        """The subscription watchdog, in processes that run workers and have an API key."""
+        api = self.settings.api
+        if not (self.runs_workers and api.api_key and api.watchdog_interval_seconds > 0):
+            return None
+        upstream = UpstreamClient(
+            session=session,
+            base_url=api.base_url,
+            api_key=api.api_key,
+            timeout=api.timeout_seconds,
+            metrics=self.metrics,
+        )
+        return Watchdog(
+            upstream=upstream, metrics=self.metrics, interval=api.watchdog_interval_seconds
+        )
 
     async def __aexit__(
         self,

@@ -300,6 +300,8 @@ def _check_values(s: dict[str, Any], problems: list[str]) -> None:
         problems.append("api.base_url: must be an http(s) URL")
     if api.timeout_seconds <= 0:
         problems.append("api.timeout_seconds: must be positive")
+    if api.watchdog_interval_seconds < 0:
+        problems.append("api.watchdog_interval_seconds: must be 0 (off) or more")
     if worker.concurrency < 1:
         problems.append("worker.concurrency: must be at least 1")
     if worker.max_attempts < 1:

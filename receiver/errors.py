@@ -70,8 +70,15 @@ class UnknownEvent(ReceiverError):
 class DeliveryError(ReceiverError):
     """A processing attempt failed."""
 
-    def __init__(self, message: str | None = None, *, retry_after: float | None = None) -> None:
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        retry_after: float | None = None,
+        status: int | None = None,
+    ) -> None:
         self.retry_after = retry_after
+        self.status = status  # the upstream's HTTP status, when it answered
         super().__init__(message)
 
 

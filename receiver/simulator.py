@@ -14,7 +14,8 @@ Every ``/v1`` call needs ``Authorization: Bearer <api_key>``. Faults are plain a
 may change at any time (``rate_limit_fraction``, ``error_fraction``, ``latency_seconds`` ...);
 the clock (``now``) is injectable and the randomness seeded, so runs are reproducible.
 
-Sending signed webhooks to a receiver is not this module's job yet.
+Sending signed webhooks to the subscriptions is :mod:`receiver.simulator_delivery`'s job, and
+``receiver simulate`` is put together in :mod:`receiver.simulator_run`.
 """
 
 from __future__ import annotations
@@ -40,8 +41,6 @@ from urllib.parse import quote, urlsplit
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
-
-from receiver.logs import get_logger
 
 #: The default API key (the spec's format: ``service_`` and 64 hex characters).
 DEFAULT_API_KEY = "service_" + "0123456789abcdef" * 4
@@ -284,10 +283,12 @@ class Simulator:
     - ``job_pending_for_seconds``: a job reports ``processing`` until that long after creation.
     - ``derived_delay_seconds``: derived formats (webm, hevc, stacked_video) stay
       ``processing``, their files answering 404, until that long after the job completed.
-    - ``expired_urls``: file URLs are issued already expired (the file answers 403).
+    - ``expired_urls``: file URLs are issued already expired (the file answers 403);
+      ``expired_url_fraction``: that fraction of the issued URLs is.
 
     ``requests`` counts calls by ``"METHOD /route/{template}"`` (for example
-    ``"GET /v1/jobs/{id}"``, ``"GET /files/{name}"``), including refused ones.
+    ``"GET /v1/jobs/{id}"``, ``"GET /files/{name}"``), including refused ones; ``responses``
+    counts them by ``(route, status)``.
     """
 
     def __init__(
@@ -316,7 +317,9 @@ class Simulator:
         self.job_pending_for_seconds = 0.0
         self.derived_delay_seconds = 0.0
         self.expired_urls = False
+        self.expired_url_fraction = 0.0
         self.requests: Counter[str] = Counter()
+        self.responses: Counter[tuple[str, int]] = Counter()
         self.jobs: dict[str, SimJob] = {}
         self.assets: dict[str, SimAsset] = {}
         self.webhooks: dict[str, SimWebhook] = {}
@@ -398,6 +401,24 @@ class Simulator:
         job = self.jobs[job_id]
         job.outcome, job.error, job.finished = "failed", error, self.now()
         return self.payload_for(job_id)
+
+    def add_webhook(
+        self, url: str, events: list[str] | None = None, *, secret: str | None = None
+    ) -> SimWebhook:
+        """Subscribe ``url`` to ``events`` (default all), with ``secret`` or a new random one.
+
+        ``POST /v1/webhooks`` comes here after validating the request; ``receiver simulate
+        --target URL --secret S`` calls it directly for its ad-hoc subscription.
+        """
+        hook = SimWebhook(
+            id=f"wh_{self.random.getrandbits(96):024x}",
+            url=url,
+            events=list(dict.fromkeys(events or EVENT_NAMES)),
+            secret=secret or "whsec_" + secrets.token_hex(24),
+            created=self.now(),
+        )
+        self.webhooks[hook.id] = hook
+        return hook
 
     def adopt(self, payload: Mapping[str, Any]) -> str:
         """Create the job and assets an arbitrary webhook payload refers to; returns the job id.
@@ -514,7 +535,8 @@ class Simulator:
         asset = self.assets[asset_id]
         base = (base_url or self.public_base_url or "https://cdn.example.invalid").rstrip("/")
         now = int(self.now())
-        expires = now - 60 if self.expired_urls else now + max(1, int(self.url_ttl_seconds))
+        expired = self.expired_urls or self._roll(self.expired_url_fraction)
+        expires = now - 60 if expired else now + max(1, int(self.url_ttl_seconds))
         name = quote(asset.file_name, safe="")
         return f"{base}/files/{name}?expires={expires}&sig={self._sign(asset.file_name, expires)}"
 
@@ -607,12 +629,15 @@ class Simulator:
         async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
             resource = request.match_info.route.resource
             route = resource.canonical if resource is not None else request.path
-            self.requests[f"{request.method} {route}"] += 1
+            key = f"{request.method} {route}"
+            self.requests[key] += 1
             if not request.path.startswith("/v1/"):
-                return await handler(request)
-            request_id = f"req_{self.random.getrandbits(64):016x}"
-            response = await self._api_call(request, handler, request_id)
-            response.headers["Request-Id"] = request_id
+                response = await handler(request)
+            else:
+                request_id = f"req_{self.random.getrandbits(64):016x}"
+                response = await self._api_call(request, handler, request_id)
+                response.headers["Request-Id"] = request_id
+            self.responses[key, response.status] += 1
             return response
 
         return middleware
@@ -767,14 +792,7 @@ class Simulator:
                 f"events must be a non-empty subset of {list(EVENT_NAMES)}.",
                 param="events",
             )
-        hook = SimWebhook(
-            id=f"wh_{self.random.getrandbits(96):024x}",
-            url=url,
-            events=list(dict.fromkeys(events)),
-            secret="whsec_" + secrets.token_hex(24),
-            created=self.now(),
-        )
-        self.webhooks[hook.id] = hook
+        hook = self.add_webhook(url, events)
         return _data(hook.as_json(with_secret=True), status=201)
 
     async def _delete_webhook(self, request: web.Request) -> web.Response:
@@ -836,37 +854,3 @@ def _cdn_error(status: int, code: str, message: str) -> web.Response:
     """A CDN-style refusal: XML like S3/CloudFront, not the API's envelope."""
     body = f"<?xml version='1.0'?><Error><Code>{code}</Code><Message>{message}</Message></Error>"
     return web.Response(status=status, text=body, content_type="application/xml")
-
-
-async def run_simulator(
-    *, host: str = "127.0.0.1", port: int = 8090, api_key: str = "", examples: str | None = None
-) -> None:
-    """Serve a simulator until SIGINT/SIGTERM (``receiver simulate``).
-
-    With ``examples``, every payload file in that folder is adopted, so replaying those files at
-    a receiver whose ``api.base_url`` points here gets their jobs, assets and files.
-    """
-    import signal
-
-    log = get_logger("receiver.simulator")
-    sim = Simulator(api_key=api_key)
-    adopted = 0
-    if examples and Path(examples).is_dir():  # noqa: ASYNC240 - once, before serving
-        adopted = len(sim.load_examples(examples))
-    runner = web.AppRunner(sim.create_app(), access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, host, port).start()
-    log.info(
-        "simulator serving",
-        base_url=f"http://{host}:{port}/v1",
-        example_jobs=adopted,
-        api_key="required" if api_key else "any",
-    )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        await runner.cleanup()

@@ -49,6 +49,8 @@ _RETRYABLE_4XX = frozenset({408, 409, 425})
 #: The spec's long-poll ceiling for ``GET /jobs/{id}?wait=true``.
 MAX_WAIT_SECONDS = 120.0
 _SECONDS = re.compile(r"\d+(\.\d+)?")
+#: A guard against a list that never says it has no more pages.
+_MAX_PAGES = 100
 _MAX_MESSAGE = 300
 
 
@@ -138,11 +140,32 @@ class UpstreamClient:
         return _expect_object(data, f"asset {asset_id}")
 
     async def list_webhooks(self) -> list[dict[str, Any]]:
-        """The account's webhook subscriptions (``GET /webhooks``, first page)."""
-        data = await self._request("GET", WEBHOOKS_ENDPOINT, "/webhooks", what="webhooks")
-        if not isinstance(data, list) or not all(isinstance(item, dict) for item in data):
-            raise TransientError("upstream answered the webhook list with data that is not a list")
-        return data
+        """The account's webhook subscriptions (``GET /webhooks``), every page.
+
+        Pages are followed while ``meta.pagination.has_more`` is true, the offset growing by the
+        returned limit, as the spec's list endpoints work; a page that adds nothing new ends it.
+        """
+        hooks: dict[str, dict[str, Any]] = {}
+        params: dict[str, str] | None = None
+        for _page in range(_MAX_PAGES):
+            data, meta = await self._request(
+                "GET", WEBHOOKS_ENDPOINT, "/webhooks", what="webhooks", params=params, meta=True
+            )
+            if not isinstance(data, list) or not all(isinstance(item, dict) for item in data):
+                raise TransientError(
+                    "upstream answered the webhook list with data that is not a list"
+                )
+            before = len(hooks)
+            for hook in data:
+                hooks.setdefault(str(hook.get("id")), hook)
+            pagination = meta.get("pagination") if isinstance(meta, dict) else None
+            if not isinstance(pagination, dict) or pagination.get("has_more") is not True:
+                break
+            limit, offset = pagination.get("limit"), pagination.get("offset", 0)
+            if not isinstance(limit, int) or not isinstance(offset, int) or len(hooks) == before:
+                break
+            params = {"limit": str(limit), "offset": str(offset + limit)}
+        return list(hooks.values())
 
     async def create_webhook(self, url: str, events: list[str] | None) -> dict[str, Any]:
         """Subscribe ``url`` to ``events`` (all when ``None``); the answer holds the secret."""
@@ -175,8 +198,10 @@ class UpstreamClient:
         json_body: dict[str, Any] | None = None,
         total_seconds: float | None = None,
         expect_data: bool = True,
+        meta: bool = False,
     ) -> Any:
-        """Send one request; the envelope's ``data`` or a translated exception."""
+        """Send one request; the envelope's ``data`` (with ``meta=True``: ``(data, meta)``) or a
+        translated exception."""
         if self._session.closed:
             raise TransientError(f"cannot fetch {what}: the HTTP session is closed")
         url = self._base_url + path
@@ -213,7 +238,7 @@ class UpstreamClient:
         if 200 <= status < 300:
             if not expect_data:
                 return None
-            return self._data(body, status, what)
+            return self._data(body, status, what, meta=meta)
         self._raise_for_status(status, body, what, endpoint, retry_after_header)
 
     def _observe(self, endpoint: str, status: str, seconds: float) -> None:
@@ -222,7 +247,7 @@ class UpstreamClient:
         self._metrics.upstream_requests.labels(endpoint, status).inc()
         self._metrics.upstream_request_seconds.labels(endpoint).observe(seconds)
 
-    def _data(self, body: bytes, status: int, what: str) -> Any:
+    def _data(self, body: bytes, status: int, what: str, *, meta: bool = False) -> Any:
         try:
             envelope = json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:
@@ -231,6 +256,8 @@ class UpstreamClient:
             ) from exc
         if not isinstance(envelope, dict) or envelope.get("data") is None:
             raise TransientError(f"upstream answered {status} for {what} without data")
+        if meta:
+            return envelope["data"], envelope.get("meta")
         return envelope["data"]
 
     def _raise_for_status(
@@ -245,8 +272,9 @@ class UpstreamClient:
         summary = f"upstream answered {status}{f' {code}' if code else ''} for {what}"
         if detail:
             summary = f"{summary}: {detail}"
+        retry_after = parse_retry_after(retry_after_header)
         if status == 429 or status >= 500:
-            raise TransientError(summary, retry_after=parse_retry_after(retry_after_header))
+            raise TransientError(summary, retry_after=retry_after, status=status)
         if status in (401, 403):
             # Once per refused response; the key itself is never logged.
             log.error(
@@ -256,14 +284,14 @@ class UpstreamClient:
                 endpoint=endpoint,
                 base_url=redact_url(self._base_url),
             )
-            raise UpstreamAuthError(summary)
+            raise UpstreamAuthError(summary, status=status)
         if status == 404:
-            raise PermanentError(f"{what} not found upstream")
+            raise PermanentError(f"{what} not found upstream", status=status)
         if status in _RETRYABLE_4XX:
-            raise TransientError(summary, retry_after=parse_retry_after(retry_after_header))
+            raise TransientError(summary, retry_after=retry_after, status=status)
         if 300 <= status < 400:
-            raise TransientError(f"{summary} (a redirect: check api.base_url)")
-        raise PermanentError(summary)
+            raise TransientError(f"{summary} (a redirect: check api.base_url)", status=status)
+        raise PermanentError(summary, status=status)
 
     def _error_detail(self, body: bytes) -> tuple[str | None, str | None]:
         """The upstream ``error.code`` and ``error.message``, when the body has them."""
