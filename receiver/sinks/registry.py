@@ -103,7 +103,7 @@ SINK_TYPES: dict[str, SinkType] = {
             "create_stream": Option(bool, default=False, help="create the stream if missing"),
             "stream_subjects": Option(list, item_kind=str, help="subjects of a created stream"),
             "duplicate_window_seconds": Option(
-                (int, float), default=3600.0, help="a created stream's duplicate window"
+                float, default=3600.0, help="a created stream's duplicate window"
             ),
         },
     ),
@@ -117,7 +117,7 @@ SINK_TYPES: dict[str, SinkType] = {
             ),
             "template": Option(str, help="message text with {fields}; default names the job"),
             "rate_limit_per_second": Option(
-                (int, float), default=1.0, help="messages per second; 0 for no limit"
+                float, default=1.0, help="messages per second; 0 for no limit"
             ),
         },
     ),

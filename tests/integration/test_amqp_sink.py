@@ -1,4 +1,4 @@
-"""The ``amqp`` sink against the real RabbitMQ: message properties, confirms, returns, reconnects."""
+"""The ``amqp`` sink against the real RabbitMQ: properties, confirms, returns, reconnects."""
 
 from __future__ import annotations
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 
@@ -45,10 +46,8 @@ async def js():
     context.unique = unique
     yield context
     for stream in streams:
-        try:
+        with contextlib.suppress(nats.js.errors.NotFoundError):
             await context.delete_stream(stream)
-        except nats.js.errors.NotFoundError:
-            pass
     await client.close()
 
 
