@@ -61,7 +61,8 @@ def default_text(fields: Mapping[str, str], escape: Callable[[str], str] = str) 
         error = _clip(fields["error"], ERROR_LIMIT) or "no error given"
         text += f" failed: {escape(error)}"
     elif fields["asset_count"] != "0":
-        text += f" ({fields['asset_count']} assets)"
+        count = fields["asset_count"]
+        text += f" ({count} asset{'' if count == '1' else 's'})"
     return text
 
 

@@ -143,6 +143,22 @@ async def test_an_unroutable_message_is_a_failed_attempt(broker, opened):
     await quiet.send(enriched_event())  # the operator chose to let the broker drop it
 
 
+async def test_a_message_the_broker_refuses_is_not_counted_as_delivered(broker, opened):
+    exchange, queue = broker.unique("exchanges"), broker.unique("queues")
+    # A full queue that rejects new messages makes RabbitMQ answer the publish with a nack.
+    declared = await broker.declare_queue(
+        queue, arguments={"x-max-length": 1, "x-overflow": "reject-publish"}
+    )
+    sink = await opened(exchange=exchange)
+    await declared.bind(exchange, "#")
+    await sink.send(enriched_event(event_id="evt_1"))
+    with pytest.raises(TransientError, match="refused the message"):
+        await sink.send(enriched_event(event_id="evt_2"))
+    [message] = await get_messages(broker, queue, 1)
+    assert message.message_id == "evt_1"
+    await sink.send(enriched_event(event_id="evt_2"))  # room again: the retry is confirmed
+
+
 async def test_unreachable_broker_is_a_failed_attempt_and_does_not_stop_open():
     sink = amqp_sink(url=f"amqp://guest:hunter2@127.0.0.1:{free_port()}/", queue="q")
     await sink.open()

@@ -251,6 +251,23 @@ async def test_unreachable_redis_dead_after_max_attempts_then_redelivered(
         server.stop()
 
 
+async def test_a_hanging_peer_times_out_and_is_retried(receiver, upstream, captures):
+    slow = await captures()
+    slow.hold = asyncio.Event()
+    runtime, client = await receiver([http("slow", slow, timeout_seconds=0.5)])
+    payload = upstream.add_job("logo")
+    await send(client, payload)
+
+    async def timed_out():
+        record = await runtime.store.get(payload["id"])
+        return "timed out after 0.5 s" in (record.deliveries[0].last_error or "")
+
+    await wait_for(timed_out, 20, what="an attempt to time out")
+    slow.hold.set()
+    record = await settled(runtime, payload["id"])
+    assert record.deliveries[0].attempts >= 2
+
+
 async def test_each_sink_has_its_own_concurrency(receiver, upstream, captures):
     one, three = await captures(), await captures()
     one.hold = three.hold = asyncio.Event()
@@ -351,8 +368,8 @@ async def test_every_sink_type_receives_the_event(receiver, upstream, captures, 
     redis_client = aioredis.from_url("redis://127.0.0.1:6379/0")
     amqp = await aio_pika.connect("amqp://guest:guest@127.0.0.1:5672/")
     nc = await nats.connect("nats://127.0.0.1:4222")
+    payload = upstream.add_job("animation", item_name="dance")
     try:
-        payload = upstream.add_job("animation", item_name="dance")
         await send(client, payload)
         record = await settled(runtime, payload["id"])
         assert {d.sink: d.attempts for d in record.deliveries} == {
@@ -379,6 +396,22 @@ async def test_every_sink_type_receives_the_event(receiver, upstream, captures, 
         assert json.loads(seen.read_text())["event_id"] == event_id
         for body in (fields[b"data"], message.body, stored.data, forward.requests[0].body):
             assert json.loads(body)["event"]["id"] == event_id
+
+        # A redelivery runs every sink again; Redis and JetStream keep one copy, the others
+        # deliver again under the same event id for their consumers to drop.
+        assert await runtime.store.redeliver(event_id, now=time.time()) == 6
+        runtime.wake_worker()
+        await settled(runtime, event_id)
+
+        async def ran_again():
+            return len(slack.requests) == 2 and len(forward.requests) == 2
+
+        await wait_for(ran_again, 10, what="the redelivery")
+        assert await redis_client.xlen(stream) == 1
+        assert (await js.stream_info(js_stream)).state.messages == 1
+        again = await (await channel.get_queue(queue)).get(no_ack=True)
+        assert again.message_id == event_id
+        assert forward.requests[1].headers["Service-Event-Id"] == event_id
     finally:
         await redis_client.delete(stream, f"{stream}:dedup:{payload['id']}")
         await redis_client.aclose()

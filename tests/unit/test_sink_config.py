@@ -242,3 +242,18 @@ def test_config_example_documents_every_sink_type_and_key():
     for sink_type, spec in SINK_TYPES.items():
         assert set(spec.options) <= used[sink_type], sink_type
     assert len(settings.sinks) == len(document["sinks"])
+
+
+def test_default_chat_text():
+    from receiver.sinks.chat import default_text
+    from receiver.sinks.template import event_fields
+
+    one = enriched_event(assets=({"id": "a1", "type": "logo", "file_url": "https://f/a1"},))
+    assert default_text(event_fields(one)) == (
+        "✅ job.completed: image_generation job job_1 for “happy wave” (1 asset)"
+    )
+    failed = event_fields(enriched_event(event="job.failed"))
+    assert default_text(failed) == (
+        "❌ job.failed: image_generation job job_1 for “happy wave” failed: "
+        "the provider refused the prompt"
+    )
