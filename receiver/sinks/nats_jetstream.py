@@ -78,8 +78,9 @@ class NatsSink:
                 return self._js
             await self._disconnect()
             timeout = self.settings.timeout_seconds
-            lost = asyncio.Event()  # this connection's own, so a late callback of an old
-            # connection cannot mark a newer one lost
+            # Each connection has its own "lost" flag, so a late callback of an old connection
+            # cannot mark a newer one lost.
+            lost = asyncio.Event()
 
             async def on_lost() -> None:
                 if not lost.is_set():
@@ -117,11 +118,16 @@ class NatsSink:
         try:
             await js.stream_info(self.stream)
         except nats.js.errors.NotFoundError:
-            await js.add_stream(
-                name=self.stream,
-                subjects=self.stream_subjects,
-                duplicate_window=self.duplicate_window,
-            )
+            try:
+                await js.add_stream(
+                    name=self.stream,
+                    subjects=self.stream_subjects,
+                    duplicate_window=self.duplicate_window,
+                )
+            except nats.js.errors.APIError as exc:
+                raise TransientError(
+                    f"nats: stream {self.stream} could not be created: {exc}"
+                ) from None
             log.info(
                 "jetstream stream created",
                 sink=self.name,
@@ -142,6 +148,10 @@ class NatsSink:
         """Connect (creating the stream if configured); a NATS that is down is only logged."""
         try:
             await self._ready()
+        except TransientError as exc:
+            log.warning(
+                "nats is not ready yet; deliveries will retry", sink=self.name, error=exc.message
+            )
         except (nats.errors.Error, OSError) as exc:
             log.warning(
                 "nats is not reachable yet; deliveries will retry",

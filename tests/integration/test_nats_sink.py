@@ -126,6 +126,16 @@ async def test_a_subject_captured_by_another_stream_is_refused(js, opened):
         await sink.send(enriched_event())
 
 
+async def test_a_stream_that_cannot_be_created_is_a_failed_attempt(js, opened):
+    stream, prefix = js.unique()
+    other, _ = js.unique()
+    await js.add_stream(name=stream, subjects=[f"{prefix}.>"])
+    # A second stream over the same subjects is refused by the server.
+    sink = await opened(subject=f"{prefix}.events", stream=other, create_stream=True)
+    with pytest.raises(TransientError, match=f"stream {other} could not be created"):
+        await sink.send(enriched_event())
+
+
 async def test_unreachable_nats_is_a_failed_attempt_and_does_not_stop_open():
     sink = nats_sink(url=f"nats://user:hunter2@127.0.0.1:{free_port()}", subject="x")
     await sink.open()
