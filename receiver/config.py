@@ -392,6 +392,10 @@ def _build_sinks(raw: Any, problems: list[str]) -> list[SinkSettings]:
             problems.append(f"{where}.timeout_seconds: must be positive")
         if len(problems) > before:
             continue
+        if spec.check is not None:
+            problems.extend(f"{where}.{problem}" for problem in spec.check(values))
+            if len(problems) > before:
+                continue
         common = {k: values.pop(k) for k in list(values) if k in COMMON_KEYS}
         sinks.append(SinkSettings(**common, options=values))
     return sinks

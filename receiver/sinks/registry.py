@@ -7,8 +7,11 @@ A sink module is imported only when a config names its type
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from receiver.sinks import checks
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,8 @@ class SinkType:
     options: dict[str, Option] = field(default_factory=dict)
     extra: str | None = None  # pip extra, e.g. "redis"
     import_name: str | None = None  # the library the extra provides
+    # Checks across keys and of values (URL schemes, templates); see receiver.sinks.checks.
+    check: Callable[[Mapping[str, Any]], list[str]] | None = None
 
 
 # Keys every [[sinks]] table may carry, whatever its type.
@@ -53,6 +58,85 @@ SINK_TYPES: dict[str, SinkType] = {
                 bool, default=False, help="allow file URLs on private/loopback addresses"
             ),
             "max_file_bytes": Option(int, default=1024 * 1024 * 1024, help="largest file"),
+        },
+    ),
+    "redis": SinkType(
+        module="receiver.sinks.redis_stream",
+        extra="redis",
+        import_name="redis",
+        check=checks.check_redis,
+        options={
+            "url": Option(str, required=True, help="redis://host:port/db (rediss:// for TLS)"),
+            "stream": Option(str, required=True, help="stream key the events are added to"),
+            "maxlen": Option(int, help="approximate cap on the stream's length (MAXLEN ~)"),
+            "dedup_seconds": Option(
+                int, help="how long an event id is remembered; default: [store].retention_hours"
+            ),
+        },
+    ),
+    "amqp": SinkType(
+        module="receiver.sinks.amqp",
+        extra="amqp",
+        import_name="aio_pika",
+        check=checks.check_amqp,
+        options={
+            "url": Option(str, required=True, help="amqp://user:password@host:5672/vhost"),
+            "exchange": Option(str, default="", help='exchange; "" is the default exchange'),
+            "exchange_type": Option(
+                str, default="topic", choices=("direct", "fanout", "topic", "headers")
+            ),
+            "routing_key": Option(str, help="default: the queue (default exchange), else {event}"),
+            "queue": Option(str, help="a durable queue declared (and bound) at start"),
+            "binding_key": Option(str, default="#", help="binds the queue to the exchange"),
+            "mandatory": Option(bool, default=True, help="an unroutable message is a failure"),
+        },
+    ),
+    "nats": SinkType(
+        module="receiver.sinks.nats_jetstream",
+        extra="nats",
+        import_name="nats",
+        check=checks.check_nats,
+        options={
+            "url": Option(str, required=True, help="nats://host:4222"),
+            "subject": Option(str, required=True, help="may name {event} and {job_type}"),
+            "stream": Option(str, help="the stream expected to store the messages"),
+            "create_stream": Option(bool, default=False, help="create the stream if missing"),
+            "stream_subjects": Option(list, item_kind=str, help="subjects of a created stream"),
+            "duplicate_window_seconds": Option(
+                float, default=3600.0, help="a created stream's duplicate window"
+            ),
+        },
+    ),
+    "slack": SinkType(
+        module="receiver.sinks.chat",
+        check=checks.check_chat,
+        options={
+            "url": Option(str, required=True, help="the incoming-webhook URL (a secret)"),
+            "format": Option(
+                str, default="slack", choices=("slack", "discord", "teams", "generic")
+            ),
+            "template": Option(str, help="message text with {fields}; default names the job"),
+            "rate_limit_per_second": Option(
+                float, default=1.0, help="messages per second; 0 for no limit"
+            ),
+        },
+    ),
+    "http": SinkType(
+        module="receiver.sinks.http_forward",
+        check=checks.check_http,
+        options={
+            "url": Option(str, required=True, help="where the enriched event is POSTed"),
+            "secret": Option(str, required=True, help="signs each request (Service-Signature)"),
+            "headers": Option(dict, help="extra request headers"),
+        },
+    ),
+    "exec": SinkType(
+        module="receiver.sinks.exec_command",
+        check=checks.check_exec,
+        options={
+            "command": Option(list, required=True, item_kind=str, help="argv, never a shell"),
+            "env": Option(dict, help="extra environment variables"),
+            "cwd": Option(str, help="working directory"),
         },
     ),
 }

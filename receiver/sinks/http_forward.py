@@ -1,0 +1,81 @@
+"""The ``http`` sink: the enriched event POSTed to an internal service, signed.
+
+The request carries the same headers the upstream sends with its webhooks
+(:func:`receiver.signature.webhook_headers`), keyed with the sink's own ``secret``:
+``Service-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">``,
+``Service-Event-Id`` (the event id, for deduplication), ``X-Service-Event`` and
+``X-Service-Timestamp``. A consumer verifies it with the same code the receiver uses
+(:func:`receiver.signature.verify`).
+
+Any 2xx is success; 410 Gone marks the delivery dead at once (the consumer says it will never
+take it); every other answer, a network error or the sink's ``timeout_seconds`` running out is a
+failed attempt, retried with backoff (``Retry-After`` honoured on 429 and 503).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import aiohttp
+
+from receiver.config import SinkSettings
+from receiver.logs import redact_url
+from receiver.signature import webhook_headers
+from receiver.sinks.base import Enriched, SinkContext
+from receiver.sinks.posting import post
+
+GONE = 410
+
+
+class HttpSink:
+    """POSTs each enriched event, signed, to ``url``. Options: ``url``, ``secret``, ``headers``."""
+
+    def __init__(
+        self,
+        settings: SinkSettings,
+        *,
+        session: aiohttp.ClientSession,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        options = settings.options
+        self.name = settings.name
+        self.settings = settings
+        self.url = str(options["url"])
+        self._secret = str(options["secret"])
+        self._extra_headers = {str(k): str(v) for k, v in (options.get("headers") or {}).items()}
+        self._shown_url = redact_url(self.url)
+        self._session = session
+        self._clock = clock
+
+    async def open(self) -> None:
+        """Nothing to open: requests use the process's shared HTTP session."""
+
+    async def close(self) -> None:
+        """Nothing to close."""
+
+    async def send(self, enriched: Enriched) -> None:
+        """POST the event; raise a DeliveryError unless the answer is a 2xx."""
+        body = enriched.to_bytes()
+        headers = {
+            **self._extra_headers,
+            **webhook_headers(
+                self._secret,
+                body,
+                int(self._clock()),
+                event_id=enriched.event_id,
+                event_name=enriched.event_name,
+            ),
+        }
+        await post(
+            self._session,
+            self.url,
+            body,
+            headers,
+            shown_url=self._shown_url,
+            is_permanent=lambda status: status == GONE,
+        )
+
+
+def create(settings: SinkSettings, context: SinkContext) -> HttpSink:
+    return HttpSink(settings, session=context.session)

@@ -1,0 +1,248 @@
+"""The ``http`` and ``slack`` sinks against real aiohttp servers playing the consumer and Slack."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import aiohttp
+import pytest
+
+from receiver.config import parse_settings
+from receiver.errors import PermanentError, TransientError
+from receiver.signature import verify
+from receiver.sinks.chat import ChatSink
+from receiver.sinks.http_forward import HttpSink
+from tests.helpers import free_port
+from tests.peers import Capture, enriched_event
+
+SINK_SECRET = "forward-secret-0123456789"
+HOOK_PATH = "/services/T0001/B0002/very-secret-token"
+
+
+def sink_settings(sink: dict):
+    settings = parse_settings(
+        {"webhook": {"secrets": ["x"]}, "sinks": [{"name": "out", **sink}]}, env={}
+    )
+    return settings.sinks[0]
+
+
+@pytest.fixture
+async def capture(aiohttp_server):
+    peer = Capture()
+    server = await aiohttp_server(peer.app())
+    peer.url = str(server.make_url(""))
+    return peer
+
+
+@pytest.fixture
+async def session():
+    async with aiohttp.ClientSession() as s:
+        yield s
+
+
+def http_sink(capture, session, **options):
+    settings = sink_settings(
+        {"type": "http", "url": f"{capture.url}/hooks/in", "secret": SINK_SECRET, **options}
+    )
+    return HttpSink(settings, session=session)
+
+
+# ----------------------------------------------------------------------------- http
+
+
+async def test_http_posts_the_enriched_event_signed_like_the_upstream(capture, session):
+    sink = http_sink(capture, session, headers={"Authorization": "Bearer internal"})
+    event = enriched_event()
+    await sink.send(event)
+    [request] = capture.requests
+    assert request.method == "POST" and request.path == "/hooks/in"
+    assert request.body == event.to_bytes()
+    assert json.loads(request.body) == event.as_json()
+    headers = request.headers
+    assert headers["Content-Type"] == "application/json"
+    assert headers["Service-Event-Id"] == "evt_1"
+    assert headers["X-Service-Event"] == "job.completed"
+    assert headers["Authorization"] == "Bearer internal"
+    verified = verify(
+        secrets=[SINK_SECRET],
+        body=request.body,
+        header=headers["Service-Signature"],
+        now=time.time(),
+        tolerance_seconds=300,
+    )
+    assert verified.secret_index == 0
+    with pytest.raises(Exception, match="no v1 signature matches"):
+        verify(
+            secrets=["another-secret"],
+            body=request.body,
+            header=headers["Service-Signature"],
+            now=time.time(),
+            tolerance_seconds=300,
+        )
+
+
+@pytest.mark.parametrize("status", [200, 201, 202, 204])
+async def test_http_any_2xx_is_success(capture, session, status):
+    capture.status = status
+    await http_sink(capture, session).send(enriched_event())
+    assert capture.answers == [status]
+
+
+async def test_http_410_gone_is_permanent(capture, session):
+    capture.status = 410
+    with pytest.raises(PermanentError, match="HTTP 410"):
+        await http_sink(capture, session).send(enriched_event())
+
+
+@pytest.mark.parametrize("status", [400, 404, 500, 503, 302])
+async def test_http_other_answers_are_failed_attempts(capture, session, status):
+    capture.status = status
+    with pytest.raises(TransientError, match=f"HTTP {status}") as caught:
+        await http_sink(capture, session).send(enriched_event())
+    assert not isinstance(caught.value, PermanentError)
+
+
+async def test_http_429_retry_after_is_honoured(capture, session):
+    capture.script = [(429, {"Retry-After": "17"})]
+    with pytest.raises(TransientError) as caught:
+        await http_sink(capture, session).send(enriched_event())
+    assert caught.value.retry_after == 17
+
+
+async def test_http_unreachable_is_a_failed_attempt(session):
+    settings = sink_settings(
+        {"type": "http", "url": f"http://127.0.0.1:{free_port()}/x?token=abc", "secret": "s"}
+    )
+    with pytest.raises(TransientError, match="Cannot connect") as caught:
+        await HttpSink(settings, session=session).send(enriched_event())
+    assert "token=abc" not in str(caught.value)
+
+
+# ----------------------------------------------------------------------------- slack
+
+
+class Recorder:
+    """A fake clock and sleep for the pacing: sleeping advances the clock."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.slept: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def chat_sink(capture, session, recorder=None, **options):
+    settings = sink_settings({"type": "slack", "url": f"{capture.url}{HOOK_PATH}", **options})
+    recorder = recorder or Recorder()
+    return ChatSink(settings, session=session, clock=recorder.clock, sleep=recorder.sleep)
+
+
+async def test_slack_default_message_names_event_job_and_item(capture, session):
+    await chat_sink(capture, session).send(enriched_event())
+    [request] = capture.requests
+    assert request.path == HOOK_PATH
+    assert request.headers["Content-Type"] == "application/json"
+    body = json.loads(request.body)
+    assert set(body) == {"text", "blocks"}
+    text = body["text"]
+    assert "job.completed" in text and "image_generation" in text
+    assert "job_1" in text and "happy wave" in text
+    assert body["blocks"][0] == {"type": "section", "text": {"type": "mrkdwn", "text": text}}
+    assert "evt_1" in body["blocks"][1]["elements"][0]["text"]
+
+
+async def test_slack_failure_message_carries_the_jobs_error(capture, session):
+    await chat_sink(capture, session).send(enriched_event(event="job.failed"))
+    text = json.loads(capture.requests[0].body)["text"]
+    assert "job.failed" in text and "the provider refused the prompt" in text
+
+
+async def test_slack_escapes_values_from_the_event(capture, session):
+    event = enriched_event(
+        job={"id": "job_1", "status": "completed", "item_name": "<!channel> & <http://x|y>"}
+    )
+    await chat_sink(capture, session).send(event)
+    text = json.loads(capture.requests[0].body)["text"]
+    assert "<!channel>" not in text
+    assert "&lt;!channel&gt; &amp; &lt;http://x|y&gt;" in text
+
+
+async def test_template_with_named_fields_and_asset_urls(capture, session):
+    event = enriched_event(
+        assets=(
+            {"id": "ast_1", "type": "image", "file_url": "https://cdn.example/a.png?sig=1"},
+            {"id": "ast_2", "type": "webm", "cdn_url": "https://cdn.example/b.webm"},
+        )
+    )
+    sink = chat_sink(
+        capture,
+        session,
+        format="generic",
+        template="{event} {job_type} {job_id} {item_name} [{error}] {url_webm} {{x}}\n{asset_urls}",
+    )
+    await sink.send(event)
+    body = json.loads(capture.requests[0].body)
+    assert body["text"] == (
+        "job.completed image_generation job_1 happy wave [] https://cdn.example/b.webm {x}\n"
+        "image: https://cdn.example/a.png?sig=1\nwebm: https://cdn.example/b.webm"
+    )
+    assert body["event_id"] == "evt_1" and body["job_id"] == "job_1"
+    assert body["asset_urls"]["webm"] == "https://cdn.example/b.webm"
+
+
+async def test_discord_and_teams_shapes(capture, session):
+    await chat_sink(capture, session, format="discord").send(enriched_event(event="job.failed"))
+    await chat_sink(capture, session, format="teams").send(enriched_event())
+    discord, teams = (json.loads(r.body) for r in capture.requests)
+    assert set(discord) >= {"content", "embeds"}
+    assert discord["allowed_mentions"] == {"parse": []}
+    assert "job.failed" in discord["content"]
+    facts = {f["name"]: f["value"] for f in discord["embeds"][0]["fields"]}
+    assert facts["Error"] == "the provider refused the prompt"
+    assert teams["@type"] == "MessageCard" and "job_1" in teams["text"]
+    assert {"name": "Item", "value": "happy wave"} in teams["sections"][0]["facts"]
+
+
+async def test_slack_messages_are_paced_at_the_rate_limit(capture, session):
+    recorder = Recorder()
+    sink = chat_sink(capture, session, recorder)
+    for n in range(3):
+        await sink.send(enriched_event(event_id=f"evt_{n}"))
+    assert len(capture.requests) == 3
+    assert recorder.slept == [1.0, 1.0]  # default: one message per second
+
+
+async def test_slack_429_retry_after_holds_the_whole_sink(capture, session):
+    recorder = Recorder()
+    sink = chat_sink(capture, session, recorder, rate_limit_per_second=0)
+    capture.script = [(429, {"Retry-After": "40"})]
+    with pytest.raises(TransientError) as caught:
+        await sink.send(enriched_event())
+    assert caught.value.retry_after == 40
+    # A delivery now would wait longer than half its timeout (60 s): put back, not sent.
+    with pytest.raises(TransientError) as held:
+        await sink.send(enriched_event(event_id="evt_2"))
+    assert held.value.retry_after == pytest.approx(40)
+    assert len(capture.requests) == 1
+    recorder.now += 38
+    await sink.send(enriched_event(event_id="evt_2"))  # a short pause is waited out
+    assert recorder.slept == [pytest.approx(2)]
+    assert len(capture.requests) == 2
+
+
+@pytest.mark.parametrize(
+    "status,error", [(404, PermanentError), (410, PermanentError), (500, TransientError)]
+)
+async def test_slack_errors_never_show_the_hook_path(capture, session, status, error):
+    capture.status = status
+    with pytest.raises(error) as caught:
+        await chat_sink(capture, session).send(enriched_event())
+    assert f"HTTP {status}" in str(caught.value)
+    assert "very-secret-token" not in str(caught.value)
+    assert (status >= 500) == (not isinstance(caught.value, PermanentError))
