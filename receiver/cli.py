@@ -339,7 +339,8 @@ def describe(settings: Settings) -> str:
     ]
     for sink in s.sinks:
         events = ", ".join(sink.events) or "all events"
-        lines.append(f"    - {sink.name} ({sink.type}): {events}")
+        job_types = f"; job types {', '.join(sink.job_types)}" if sink.job_types else ""
+        lines.append(f"    - {sink.name} ({sink.type}): {events}{job_types}")
     return "\n".join(lines)
 
 

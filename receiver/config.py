@@ -371,7 +371,7 @@ def _build_sinks(raw: Any, problems: list[str]) -> list[SinkSettings]:
         for key, value in table.items():
             option = options_spec.get(key)
             if option is None:
-                problems.append(f"{where}.{key}: unknown key for a {sink_type} sink")
+                problems.append(f"{where}.{key}: not a key of {sink_type} sinks")
                 continue
             coerced = _coerce(f"{where}.{key}", value, option.kind, option.item_kind, problems)
             if coerced is None:

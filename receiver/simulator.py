@@ -649,14 +649,14 @@ class Simulator:
             await _sleep(request.app, self.latency_seconds)
         header = request.headers.get("Authorization", "")
         scheme, _, token = header.partition(" ")
-        if not self.api_key:
-            pass  # an empty key means "accept any credential" (local runs without a key)
-        elif not header:
-            return _error(401, "unauthorized", "Missing API key.", request_id)
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            token.strip().encode(), self.api_key.encode()
-        ):
-            return _error(401, "unauthorized", "Invalid or revoked API key.", request_id)
+        # An empty api_key means "accept any credential" (local runs without a key).
+        if self.api_key:
+            if not header:
+                return _error(401, "unauthorized", "Missing API key.", request_id)
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                token.strip().encode(), self.api_key.encode()
+            ):
+                return _error(401, "unauthorized", "Invalid or revoked API key.", request_id)
         if self._roll(self.rate_limit_fraction):
             response = _error(429, "rate_limited", "Too many requests.", request_id)
             if self.retry_after is not None:

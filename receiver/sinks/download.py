@@ -23,7 +23,6 @@ import secrets
 import time
 import unicodedata
 from collections.abc import Callable
-from email.utils import parsedate_to_datetime
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, TypeVar
 
@@ -37,6 +36,7 @@ from receiver.logs import get_logger, redact_url
 from receiver.metrics import Metrics
 from receiver.netguard import AddressPolicy, GuardedClient, is_public_address
 from receiver.sinks.base import Enriched, FileRef, SinkContext
+from receiver.upstream import parse_retry_after
 
 log = get_logger(__name__)
 
@@ -147,20 +147,6 @@ def extension_for(content_type: str, *urls: URL | str) -> str:
     return FALLBACK_EXTENSION
 
 
-def retry_after_seconds(value: str | None, *, now: float | None = None) -> float | None:
-    """``Retry-After`` as seconds from now (delta-seconds or an HTTP date), or None."""
-    if not value:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    try:
-        when = parsedate_to_datetime(value).timestamp()
-    except (TypeError, ValueError, IndexError, OverflowError):
-        return None
-    return max(0.0, when - (time.time() if now is None else now))
-
-
 def _scrub(text: str) -> str:
     return _URL_QUERY.sub(r"\1?<redacted>", text)
 
@@ -217,6 +203,22 @@ def _discard(handle: IO[bytes] | None, temp: Path) -> None:
         temp.unlink()
 
 
+# Older than any download can take: a temporary file this old was left by a killed process
+# (another replica writing to a shared directory right now has a younger one).
+STALE_TEMP_SECONDS = 6 * 3600.0
+
+
+def remove_stale_temp_files(root: Path, now: float) -> int:
+    """Delete ``.name.tmp-*`` files under ``root`` older than STALE_TEMP_SECONDS."""
+    removed = 0
+    for temp in root.rglob(".*.tmp-*"):
+        with contextlib.suppress(OSError):
+            if temp.is_file() and now - temp.stat().st_mtime > STALE_TEMP_SECONDS:
+                temp.unlink()
+                removed += 1
+    return removed
+
+
 class DownloadSink:
     """Writes every file of an event under ``directory``, atomically.
 
@@ -249,6 +251,7 @@ class DownloadSink:
         self._resolver = resolver
         self._client: GuardedClient | None = None
         self._root: Path | None = None
+        self._sweep: asyncio.Task[None] | None = None
 
     async def open(self) -> None:
         """Create the directory and the sink's own guarded HTTP session."""
@@ -261,9 +264,19 @@ class DownloadSink:
             self._client.open()
         await _in_thread(self.directory.mkdir, 0o777, True, True)
         self._root = await _in_thread(self.directory.resolve)
+        if self._sweep is None:
+            # In the background: a large download tree must not delay the start.
+            self._sweep = asyncio.create_task(self._remove_stale(self._root))
+
+    async def _remove_stale(self, root: Path) -> None:
+        removed = await asyncio.to_thread(remove_stale_temp_files, root, time.time())
+        if removed:
+            log.info("removed temporary files left by an interrupted run", count=removed)
 
     async def close(self) -> None:
         """Close the HTTP session."""
+        if self._sweep is not None and not self._sweep.done():
+            await asyncio.wait({self._sweep})
         if self._client is not None:
             client, self._client = self._client, None
             await client.close()
@@ -346,7 +359,7 @@ class DownloadSink:
         if status == 429:
             raise TransientError(
                 f"{what}: rate limited (HTTP 429)",
-                retry_after=retry_after_seconds(response.headers.get("Retry-After")),
+                retry_after=parse_retry_after(response.headers.get("Retry-After")),
             )
         if status >= 500:
             raise TransientError(f"{what}: HTTP {status}")

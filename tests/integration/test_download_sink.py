@@ -560,3 +560,23 @@ async def test_refusals_are_logged_without_the_query_string(make_sink: SinkFacto
         await sink.send(enriched(ref("http://169.254.169.254/x?token=hunter2")))
     assert [e["event"] for e in logs] == ["download refused"]
     assert "hunter2" not in repr(logs)
+
+
+async def test_stale_temporary_files_of_a_killed_run_are_removed(tmp_path):
+    import os
+    import time as _time
+
+    from receiver.sinks.download import STALE_TEMP_SECONDS, remove_stale_temp_files
+
+    folder = tmp_path / "c" / "item"
+    folder.mkdir(parents=True)
+    stale = folder / ".image-1.png.tmp-abc123"
+    fresh = folder / ".image-2.png.tmp-def456"
+    kept = folder / "image-3.png"
+    for path in (stale, fresh, kept):
+        path.write_bytes(b"x")
+    old = _time.time() - STALE_TEMP_SECONDS - 60
+    os.utime(stale, (old, old))
+    os.utime(kept, (old, old))
+    assert remove_stale_temp_files(tmp_path, _time.time()) == 1
+    assert not stale.exists() and fresh.exists() and kept.exists()

@@ -150,4 +150,4 @@ async def test_bad_sink_keys_are_one_line_each(tmp_path):
     assert "receiver: config: sinks.stream.maxlen: must be an integer, not str" in lines
     assert "receiver: config: sinks.stream.url: missing" in lines
     assert any(line.startswith("receiver: config: sinks.chat.template: {jobid}") for line in lines)
-    assert "receiver: config: sinks.forward.retries: unknown key for a http sink" in lines
+    assert "receiver: config: sinks.forward.retries: not a key of http sinks" in lines

@@ -91,7 +91,7 @@ def test_sink_problems_name_the_sink():
     )
     text = "\n".join(problems)
     assert "sinks.a.directory: must be a string" in text
-    assert "sinks.a.colour: unknown key for a download sink" in text
+    assert "sinks.a.colour: not a key of download sinks" in text
     assert "sinks.b.type: unknown sink type 'carrier-pigeon'" in text
     assert "sinks[2].name: missing" in text
     assert "sinks.a: sink name used twice" in text

@@ -16,9 +16,9 @@ from receiver.sinks.download import (
     UNNAMED_ITEM,
     extension_for,
     file_parts,
-    retry_after_seconds,
     safe_component,
 )
+from receiver.upstream import parse_retry_after
 
 
 @pytest.mark.parametrize(
@@ -133,7 +133,7 @@ def test_extension_for(content_type: str, url: str, ext: str) -> None:
 
 
 def test_retry_after() -> None:
-    assert retry_after_seconds("7") == 7.0
-    assert retry_after_seconds(None) is None
-    assert retry_after_seconds("soon") is None
-    assert retry_after_seconds("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412470.0) == 10.0
+    assert parse_retry_after("7") == 7.0
+    assert parse_retry_after(None) is None
+    assert parse_retry_after("soon") is None
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=lambda: 1445412470.0) == 10.0

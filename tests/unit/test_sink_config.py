@@ -51,7 +51,7 @@ def test_every_type_with_its_minimal_keys_and_defaults():
         ({"type": "redis", "stream": "x"}, "sinks.bad.url: missing"),
         (
             {"type": "redis", "url": "redis://h", "stream": "x", "colour": 1},
-            "sinks.bad.colour: unknown key for a redis sink",
+            "sinks.bad.colour: not a key of redis sinks",
         ),
         ({"type": "redis", "url": "redis://h", "stream": 5}, "sinks.bad.stream: must be a string"),
         (
