@@ -313,7 +313,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 def _run(coro: Any) -> Any:
     try:
-        import uvloop  # type: ignore[import-not-found]
+        import uvloop  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
         return asyncio.run(coro)
     return uvloop.run(coro)
