@@ -17,6 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
+from receiver import faults
 from receiver.config import Settings
 from receiver.errors import PayloadError, SignatureError, StoreError
 from receiver.logs import get_logger
@@ -227,6 +228,7 @@ class Intake:
         except StoreError as exc:
             log.error("event could not be stored", event_id=new.id, error=exc.message)
             return self._reject(request, "unavailable", "the event could not be stored")
+        faults.reached("after_commit")
 
         self._secret_match(verified.secret_index).inc()
         if verified.skew_seconds is not None:
