@@ -277,4 +277,4 @@ class Worker:
         ).inc()
         if record.state == "done":
             self._metrics.event_lag.observe(max(0.0, self._clock() - record.received_at))
-            log.info("event processed", event=record.event)
+            log.info("event processed", event_name=record.event)
