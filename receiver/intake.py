@@ -133,6 +133,10 @@ class Intake:
         # Metric children resolved once: labels() takes a lock and a dict lookup every call.
         self._outcomes = {o: metrics.webhook_requests.labels(o) for o in WEBHOOK_OUTCOMES}
         self._secret_matches: dict[int, Any] = {}
+        #: Requests being handled now (graceful shutdown waits for them).
+        self.in_flight = 0
+        self._draining = False
+        self._idle = asyncio.Event()
         self._by_name: dict[str, _NameInfo] = {}
 
     def _reject(
@@ -152,11 +156,34 @@ class Intake:
 
     async def handle(self, request: web.Request) -> web.Response:
         """POST {server.path}."""
+        self.in_flight += 1
         try:
-            return await self._handle(request)
+            response = await self._handle(request)
         except Exception:
             log.exception("unexpected error in the webhook handler")
-            return self._reject(request, "unavailable", "the event could not be stored")
+            response = self._reject(request, "unavailable", "the event could not be stored")
+        finally:
+            self.in_flight -= 1
+        if self._draining:
+            response.force_close()  # the client's next request goes to the next process
+            if not self.in_flight:
+                self._idle.set()
+        return response
+
+    def drain(self) -> None:
+        """Shutting down: answer what comes in, each with ``Connection: close``."""
+        self._draining = True
+        if not self.in_flight:
+            self._idle.set()
+
+    async def drained(self, timeout: float) -> bool:
+        """After :meth:`drain`: wait until no request is being handled, at most ``timeout``."""
+        try:
+            async with asyncio.timeout(max(0.0, timeout)):
+                await self._idle.wait()
+        except TimeoutError:
+            return False
+        return True
 
     async def _handle(self, request: web.Request) -> web.Response:
         server = self._settings.server
