@@ -22,6 +22,7 @@ from receiver.config import Settings
 from receiver.enrich import Enricher
 from receiver.errors import StoreError
 from receiver.intake import Intake
+from receiver.listener import PublicRunner
 from receiver.logs import get_logger
 from receiver.metrics import Metrics
 from receiver.ops import Ops
@@ -223,11 +224,12 @@ async def serve(settings: Settings, *, role: Role = "all") -> None:
     drain = settings.server.shutdown_timeout_seconds
     async with Runtime(settings, role=role) as runtime:
         loop.add_signal_handler(signal.SIGHUP, lambda: _reload_secrets(runtime))
-        runners: list[web.AppRunner] = []
+        runners: list[web.AppRunner] = []  # the public one(s), then the ops one
         try:
             if role in ("all", "intake"):
-                public = web.AppRunner(
+                public = PublicRunner(
                     runtime.public_app(),
+                    header_timeout=settings.server.read_timeout_seconds,
                     access_log=None,
                     shutdown_timeout=STRAGGLER_SECONDS,
                     auto_decompress=False,
