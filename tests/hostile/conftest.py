@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,14 +35,20 @@ def intake_config(directory: Path, **server: object) -> Path:
     )
 
 
-@pytest.fixture(scope="module")
-def intake_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReceiverProcess]:
-    """One intake process for a whole module (hypothesis runs many examples against it)."""
-    directory = tmp_path_factory.mktemp("intake")
-    proc = ReceiverProcess(intake_config(directory), role="intake")
+@contextlib.contextmanager
+def running(proc: ReceiverProcess) -> Iterator[ReceiverProcess]:
+    """The process started and ready, stopped on exit (for module-scoped fixtures)."""
     proc.start()
     try:
         asyncio.run(proc.wait_ready())
         yield proc
     finally:
         proc.stop()
+
+
+@pytest.fixture(scope="module")
+def intake_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReceiverProcess]:
+    """One intake process for a whole module."""
+    config = intake_config(tmp_path_factory.mktemp("intake"))
+    with running(ReceiverProcess(config, role="intake")) as proc:
+        yield proc
