@@ -51,7 +51,7 @@ async def connected_to(aiohttp_server: Any) -> tuple[int, list[str]]:
 
     app = web.Application()
     app.router.add_get("/file", file)
-    server = await aiohttp_server(app, host="0.0.0.0")  # noqa: S104 - 127.0.0.2 must connect
+    server = await aiohttp_server(app, host="0.0.0.0")  # 127.0.0.2 must reach it too
     return server.port, reached
 
 
