@@ -29,7 +29,21 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from receiver.signature import webhook_headers  # noqa: E402
-from tests.helpers import free_port, write_config  # noqa: E402
+from tests.helpers import write_config  # noqa: E402
+
+_handed_out: set[int] = set()
+
+
+def free_port() -> int:
+    """A free local port, never one this run handed out before (the kernel may repeat one)."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
+
 
 __all__ = [
     "ROOT",
@@ -97,15 +111,25 @@ def scratch(prefix: str, keep: bool = False) -> Iterator[Path]:
 def webhook_body(token: str) -> bytes:
     """A realistic ``job.completed`` body (~800 bytes, like examples/) unique to ``token``."""
     digest = hashlib.sha256(token.encode()).hexdigest()
-    mascot = f"{digest[:8]}-{digest[8:12]}-4{digest[13:16]}-8{digest[17:20]}-{digest[20:32]}"
-    image, transparent = f"img-{token}", f"tim-{token}"
+    # UUID-shaped ids, random in order like the upstream's: index inserts land all over the
+    # B-tree, as they do in production (sequential ids would flatter the store).
+    event_id, job_id, mascot, image, transparent = (
+        f"{d[:8]}-{d[8:12]}-4{d[13:16]}-8{d[17:20]}-{d[20:32]}"
+        for d in (
+            digest,
+            digest[32:] + digest[:32],
+            hashlib.sha256(digest.encode()).hexdigest(),
+            hashlib.sha256(b"i" + digest.encode()).hexdigest(),
+            hashlib.sha256(b"t" + digest.encode()).hexdigest(),
+        )
+    )
     expires = 1767229200
     sig = digest
     payload = {
-        "id": f"evt-{token}",
+        "id": event_id,
         "object": "event",
         "event": "job.completed",
-        "job_id": f"job-{token}",
+        "job_id": job_id,
         "type": "image_generation",
         "mascot_id": mascot,
         "asset_ids": {"image": image, "transparent_image": transparent},
@@ -123,9 +147,8 @@ def webhook_body(token: str) -> bytes:
 def signed_request(token: str, *, host: str, path: str = WEBHOOK_PATH, now: int) -> bytes:
     """The exact bytes of one signed webhook POST, as the upstream sends it."""
     body = webhook_body(token)
-    headers = webhook_headers(
-        SECRET, body, now, event_id=f"evt-{token}", event_name="job.completed"
-    )
+    event_id = json.loads(body)["id"]
+    headers = webhook_headers(SECRET, body, now, event_id=event_id, event_name="job.completed")
     lines = [f"POST {path} HTTP/1.1", f"Host: {host}", f"Content-Length: {len(body)}"]
     lines += [f"{name}: {value}" for name, value in headers.items()]
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body

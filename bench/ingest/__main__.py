@@ -53,13 +53,21 @@ def start_servers(work: Path, args: argparse.Namespace, only: tuple[str, ...]) -
     """Every target on the same event loop (``--loop``), each in its own process."""
     servers: dict[str, Server] = {}
     env = bench_env()
-    if "receiver" in only:
+    for name in ("receiver", "previous"):
+        if name not in only:
+            continue
+        directory = work / name
+        directory.mkdir()
         port = free_port()
         config = receiver_config(
-            work, port=port, admin_port=free_port(), synchronous=args.synchronous
+            directory, port=port, admin_port=free_port(), synchronous=args.synchronous
         )
         command = receiver_command(config, "intake", args.loop)
-        servers["receiver"] = Server("receiver", command, port=port, cwd=work, env=env)
+        server_env = env
+        if name == "previous":
+            # The receiver package of another checkout first on the path (bench stays ours).
+            server_env = {"PYTHONPATH": f"{args.previous}:{env['PYTHONPATH']}"}
+        servers[name] = Server(name, command, port=port, cwd=directory, env=server_env)
     for kind in ("bare", "sqlite"):
         if kind not in only:
             continue
@@ -153,7 +161,7 @@ def report(
         rec = results["receiver"]
         figures["p99_ms"] = median([r.p99_ms for r in rec])
         figures["non_2xx"] = sum(r.failures for r in rec)
-        for base in ("bare", "sqlite"):
+        for base in ("bare", "sqlite", "previous"):
             if base in results:
                 ratios = [a.rps / b.rps for a, b in zip(rec, results[base], strict=True) if b.rps]
                 figures[f"ratio_{base}"] = median(ratios)
@@ -212,10 +220,18 @@ def main(argv: list[str] | None = None) -> int:
         help="event loop of every target (default: what receiver serve uses here)",
     )
     parser.add_argument("--targets", default=",".join(TARGETS))
+    parser.add_argument(
+        "--previous",
+        metavar="CHECKOUT",
+        help="also measure the receiver of another checkout (e.g. a git worktree of an older "
+        "commit), as target 'previous', to see what a change is worth",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args(argv)
     only = tuple(t for t in args.targets.split(",") if t)
-    if unknown := set(only) - set(TARGETS):
+    if args.previous:
+        only = (*only, "previous")
+    if unknown := set(only) - {*TARGETS, "previous"}:
         parser.error(f"unknown targets: {', '.join(sorted(unknown))}")
     need_wrk()
     print(f"bench ingest: {machine_note(args.loop)}")
@@ -250,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
                             flush=True,
                         )
                 if "receiver" in servers:
-                    stored = stored_events(work / "inbox.db")
+                    stored = stored_events(work / "receiver" / "inbox.db")
                     print(f"  receiver inbox holds {stored:,} events after the run")
             finally:
                 for server in servers.values():

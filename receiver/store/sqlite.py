@@ -6,10 +6,12 @@ the workers' claims and settles, are queued and written together: whatever is wa
 writer comes round goes into one transaction with one fsync, and each caller is answered only
 after that commit. The event loop only enqueues and is woken once per group, so intake costs the
 loop almost nothing beyond the request itself. Reads use their own connection on their own thread
-(WAL readers never block the writer). Any sqlite3 error that means the file is unusable (locked,
-read-only, full, I/O error, corrupt) becomes :class:`~receiver.errors.StoreUnavailable` for the
-whole group and drops the connection it happened on; the next group reconnects, so the store heals
-once the fault clears.
+(WAL readers never block the writer). Checkpoints (copying the WAL back into the database file,
+and its fsync) run on a third thread, so a commit normally only appends to the WAL.
+
+Any sqlite3 error that means the file is unusable (locked, read-only, full, I/O error, corrupt)
+becomes :class:`~receiver.errors.StoreUnavailable` for the whole group and drops the connection
+it happened on; the next group reconnects, so the store heals once the fault clears.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import json
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -103,6 +106,10 @@ PRAGMA_QUERY_ONLY = "PRAGMA query_only = ON"
 # Checkpoints reset the WAL, but it keeps its size; cap what stays on disk after a burst.
 PRAGMA_JOURNAL_SIZE_LIMIT = "PRAGMA journal_size_limit = 67108864"
 PRAGMA_USER_VERSION = "PRAGMA user_version"
+# Commits never checkpoint inline (a checkpoint copies the WAL into the database file and fsyncs
+# it: milliseconds a commit, and every request waiting on it, would otherwise wait for).
+PRAGMA_NO_AUTOCHECKPOINT = "PRAGMA wal_autocheckpoint = 0"
+CHECKPOINT = "PRAGMA wal_checkpoint(PASSIVE)"
 PRAGMA_SETTINGS = """
 SELECT
     (SELECT journal_mode FROM pragma_journal_mode),
@@ -149,6 +156,12 @@ VALUES """
 DELIVERY_ROW = "(?, ?, 'pending', 0, ?, NULL, ?)"
 # 8 parameters a row: well under SQLite's 32766 parameters a statement.
 ROWS_PER_STATEMENT = 256
+
+# Checkpoints run on their own thread, after commits, at most this often.
+CHECKPOINT_PAUSE_SECONDS = 0.05
+# A WAL that a background checkpoint found this long (pages, ~64 MB) is finished off by the
+# writer between two groups: under constant load the WAL would otherwise never restart.
+WAL_RESTART_PAGES = 16000
 
 EVENT_COLUMNS = "id, event, job_id, body, headers, received_at, state"
 
@@ -379,6 +392,10 @@ class SqliteStore:
         self._writer_done: asyncio.Future[None] | None = None
         self._reader: ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._checkpointer: threading.Thread | None = None
+        self._checkpoint_due = threading.Event()
+        self._checkpoint_stop = False
+        self._wal_long = False  # set by the checkpointer, cleared by the writer
         self._open = False
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -407,6 +424,12 @@ class SqliteStore:
             target=self._writer_main, name="sqlite-store-writer", daemon=True
         )
         self._writer.start()
+        self._checkpoint_due = threading.Event()
+        self._checkpoint_stop = False
+        self._checkpointer = threading.Thread(
+            target=self._checkpointer_main, name="sqlite-store-checkpointer", daemon=True
+        )
+        self._checkpointer.start()
         self._open = True
 
     async def close(self) -> None:
@@ -418,6 +441,11 @@ class SqliteStore:
         if self._writer_done is not None:
             await asyncio.shield(self._writer_done)
         self._writer = None
+        checkpointer, self._checkpointer = self._checkpointer, None
+        if checkpointer is not None:
+            self._checkpoint_stop = True
+            self._checkpoint_due.set()
+            await asyncio.to_thread(checkpointer.join)
         reader, self._reader = self._reader, None
         await self._close_connections(reader)
 
@@ -455,6 +483,7 @@ class SqliteStore:
     def _open_write(self) -> sqlite3.Connection:
         conn = self._connect()
         try:
+            conn.execute(PRAGMA_NO_AUTOCHECKPOINT)
             self._migrate(conn)
         except BaseException:
             _close_quietly(conn)
@@ -524,11 +553,47 @@ class SqliteStore:
                 work = [item for item in items if isinstance(item, _Add | _Job)]
                 if work:
                     self._post(self._write_group(work))
+                    self._after_commit()
                 # close() enqueues _STOP after refusing new work, so nothing can follow it.
                 if len(work) < len(items):
                     return
         finally:
             self._post_done()
+
+    def _after_commit(self) -> None:
+        """Wake the checkpointer; finish a long WAL's checkpoint here so that it can restart."""
+        self._checkpoint_due.set()
+        if self._wal_long and self._write is not None:
+            self._wal_long = False
+            # The background checkpoint copied most of it: only the latest groups are left.
+            with contextlib.suppress(sqlite3.Error):
+                self._write.execute(CHECKPOINT).fetchall()
+
+    def _checkpointer_main(self) -> None:
+        """Copy committed WAL pages into the database file, off the commit path."""
+        conn: sqlite3.Connection | None = None
+        try:
+            while True:
+                self._checkpoint_due.wait(1.0)
+                if self._checkpoint_stop:
+                    return
+                self._checkpoint_due.clear()
+                try:
+                    if conn is None:
+                        conn = self._connect()
+                    _busy, wal_pages, copied = conn.execute(CHECKPOINT).fetchone()
+                except _DB_ERRORS:
+                    if conn is not None:
+                        _close_quietly(conn)
+                    conn = None  # the writer reports the fault; try again at the next commit
+                    time.sleep(CHECKPOINT_PAUSE_SECONDS)
+                    continue
+                self._wal_long = wal_pages >= WAL_RESTART_PAGES
+                if copied >= wal_pages:  # caught up: let a few commits gather first
+                    time.sleep(CHECKPOINT_PAUSE_SECONDS)
+        finally:
+            if conn is not None:
+                _close_quietly(conn)
 
     def _post(self, results: list[_Result]) -> None:
         assert self._loop is not None
