@@ -157,8 +157,12 @@ DELIVERY_ROW = "(?, ?, 'pending', 0, ?, NULL, ?)"
 # 8 parameters a row: well under SQLite's 32766 parameters a statement.
 ROWS_PER_STATEMENT = 256
 
-# Checkpoints run on their own thread, after commits, at most this often.
-CHECKPOINT_PAUSE_SECONDS = 0.05
+# Checkpoints run on their own thread, once this many events and jobs were written since the
+# last one, or at least every CHECKPOINT_INTERVAL_SECONDS when anything was: each checkpoint
+# ends with an fsync of the database file, which every other fsync on the disk waits behind.
+CHECKPOINT_EVERY_ITEMS = 500
+CHECKPOINT_INTERVAL_SECONDS = 1.0
+CHECKPOINT_RETRY_SECONDS = 0.05
 # A WAL that a background checkpoint found this long (pages, ~64 MB) is finished off by the
 # writer between two groups: under constant load the WAL would otherwise never restart.
 WAL_RESTART_PAGES = 16000
@@ -396,6 +400,7 @@ class SqliteStore:
         self._checkpoint_due = threading.Event()
         self._checkpoint_stop = False
         self._wal_long = False  # set by the checkpointer, cleared by the writer
+        self._since_checkpoint = 0  # items written since the last checkpoint
         self._open = False
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -553,16 +558,18 @@ class SqliteStore:
                 work = [item for item in items if isinstance(item, _Add | _Job)]
                 if work:
                     self._post(self._write_group(work))
-                    self._after_commit()
+                    self._after_commit(len(work))
                 # close() enqueues _STOP after refusing new work, so nothing can follow it.
                 if len(work) < len(items):
                     return
         finally:
             self._post_done()
 
-    def _after_commit(self) -> None:
-        """Wake the checkpointer; finish a long WAL's checkpoint here so that it can restart."""
-        self._checkpoint_due.set()
+    def _after_commit(self, items: int) -> None:
+        """Wake the checkpointer when due; finish a long WAL's checkpoint so it can restart."""
+        self._since_checkpoint += items
+        if self._since_checkpoint >= CHECKPOINT_EVERY_ITEMS:
+            self._checkpoint_due.set()
         if self._wal_long and self._write is not None:
             self._wal_long = False
             # The background checkpoint copied most of it: only the latest groups are left.
@@ -574,10 +581,13 @@ class SqliteStore:
         conn: sqlite3.Connection | None = None
         try:
             while True:
-                self._checkpoint_due.wait(1.0)
+                self._checkpoint_due.wait(CHECKPOINT_INTERVAL_SECONDS)
                 if self._checkpoint_stop:
                     return
                 self._checkpoint_due.clear()
+                if not self._since_checkpoint:
+                    continue
+                self._since_checkpoint = 0
                 try:
                     if conn is None:
                         conn = self._connect()
@@ -585,12 +595,14 @@ class SqliteStore:
                 except _DB_ERRORS:
                     if conn is not None:
                         _close_quietly(conn)
-                    conn = None  # the writer reports the fault; try again at the next commit
-                    time.sleep(CHECKPOINT_PAUSE_SECONDS)
+                    conn = None  # the writer reports the fault; try again later
+                    self._since_checkpoint += 1
                     continue
                 self._wal_long = wal_pages >= WAL_RESTART_PAGES
-                if copied >= wal_pages:  # caught up: let a few commits gather first
-                    time.sleep(CHECKPOINT_PAUSE_SECONDS)
+                if copied < wal_pages and self._since_checkpoint:
+                    # Behind a busy writer: go again soon, without waiting for the next batch.
+                    time.sleep(CHECKPOINT_RETRY_SECONDS)
+                    self._checkpoint_due.set()
         finally:
             if conn is not None:
                 _close_quietly(conn)
