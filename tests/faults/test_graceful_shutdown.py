@@ -82,6 +82,9 @@ async def test_sigterm_under_load(tmp_path: Path, upstream: Simulator) -> None:
                 await half_sent_request(proc.public_port, upstream.add_job("image"))
                 for _ in range(HALF_SENT)
             ]
+            # Let the receiver take them (handlers started, bodies awaited): a connection still
+            # in the kernel's accept queue when the listener closes was never accepted.
+            await asyncio.sleep(0.5)
             assert proc.proc is not None
             started = time.monotonic()
             proc.proc.terminate()
