@@ -276,6 +276,7 @@ class Server:
                         return self
             except OSError:
                 time.sleep(0.1)
+        self.stop()
         raise RuntimeError(f"{self.name} not ready after {timeout} s:\n{self.log()}")
 
     def pid(self) -> int:

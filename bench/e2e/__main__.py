@@ -128,8 +128,9 @@ def main(argv: list[str] | None = None) -> int:
             port=port,
             cwd=work,
             env=bench_env(),
-        ).start()
+        )
         try:
+            receiver.start()
             first = asyncio.run(send_all(f"http://127.0.0.1:{port}{WEBHOOK_PATH}", args.events))
             sent = time.monotonic() - first
             db = work / "inbox.db"

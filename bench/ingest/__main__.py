@@ -84,8 +84,13 @@ def start_servers(work: Path, args: argparse.Namespace, only: tuple[str, ...]) -
             args.synchronous,
         )
         servers[kind] = Server(kind, command, port=port, cwd=work, env=env)
-    for server in servers.values():
-        server.start()
+    try:
+        for server in servers.values():
+            server.start()
+    except BaseException:
+        for server in servers.values():
+            server.stop()
+        raise
     return servers
 
 

@@ -154,11 +154,11 @@ def drain_backlog(args: argparse.Namespace, work: Path) -> dict[str, float]:
         env=bench_env(),
     )
     started = time.monotonic()
-    receiver.start(ready_path="/healthz")
     peak = 0.0
     last_report = started
     left = args.backlog
     try:
+        receiver.start(ready_path="/healthz")
         while True:
             peak = max(peak, rss_mb(receiver.pid()))
             now = time.monotonic()
