@@ -159,6 +159,7 @@ def drain_backlog(args: argparse.Namespace, work: Path) -> dict[str, float]:
     left = args.backlog
     try:
         receiver.start(ready_path="/healthz")
+        started = last_report = time.monotonic()  # from ready: the start-up is not draining
         while True:
             peak = max(peak, rss_mb(receiver.pid()))
             now = time.monotonic()
