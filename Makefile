@@ -73,4 +73,4 @@ bench: bench-ingest bench-scale bench-e2e
 
 fuzz: $(VENV)/.installed-dev  ## the webhook fuzz test with $(FUZZ_EXAMPLES) requests
 	RECEIVER_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/pytest tests/hostile/test_fuzz_webhook.py \
-		-q -p no:cacheprovider -o timeout=0
+		-q -s -p no:cacheprovider -o timeout=0
