@@ -22,6 +22,7 @@ from receiver.config import Settings
 from receiver.enrich import Enricher
 from receiver.errors import StoreError
 from receiver.intake import Intake
+from receiver.listener import PublicRunner
 from receiver.logs import get_logger
 from receiver.metrics import Metrics
 from receiver.ops import Ops
@@ -68,6 +69,8 @@ class Runtime:
         self.session: aiohttp.ClientSession | None = None
         self.worker: Worker | None = None
         self.watchdog: Watchdog | None = None
+
+        self.intake: Intake | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
 
@@ -165,6 +168,11 @@ class Runtime:
             await self.session.close()
             self.session = None
 
+    async def drain_workers(self, timeout: float) -> None:
+        """Stop claiming; give in-flight events ``timeout`` seconds, then cancel and release."""
+        if self.worker is not None:
+            await self.worker.stop(timeout)
+
     def wake_worker(self) -> None:
         if self.worker is not None:
             self.worker.wake()
@@ -172,7 +180,7 @@ class Runtime:
     def public_app(self) -> web.Application:
         """The public listener: ``POST {server.path}`` and ``GET /healthz``."""
         server = self.settings.server
-        intake = Intake(
+        intake = self.intake = Intake(
             settings=self.settings,
             store=self.store,
             secrets=self.secrets,
@@ -239,13 +247,14 @@ async def serve(settings: Settings, *, role: Role = "all") -> None:
     drain = settings.server.shutdown_timeout_seconds
     async with Runtime(settings, role=role) as runtime:
         loop.add_signal_handler(signal.SIGHUP, lambda: _reload_secrets(runtime))
-        runners: list[web.AppRunner] = []
+        runners: list[web.AppRunner] = []  # the public one(s), then the ops one
         try:
             if role in ("all", "intake"):
-                public = web.AppRunner(
+                public = PublicRunner(
                     runtime.public_app(),
+                    header_timeout=settings.server.read_timeout_seconds,
                     access_log=None,
-                    shutdown_timeout=drain,
+                    shutdown_timeout=STRAGGLER_SECONDS,
                     auto_decompress=False,
                 )
                 await public.setup()
@@ -268,14 +277,42 @@ async def serve(settings: Settings, *, role: Role = "all") -> None:
             await stop.wait()
             log.info("shutting down", drain_seconds=drain)
         finally:
-            # Stop accepting and answer what is in flight, then drain the workers and release
-            # their claims; the ops listener goes last so readiness is served while draining.
-            for runner in runners[:-1]:
-                await runner.cleanup()
+            # One drain period for everything: the public listener stops accepting and answers
+            # what is in flight while the workers stop claiming and finish (then release) theirs.
+            # The ops listener goes last so readiness is served while draining.
+            deadline = loop.time() + drain
+            await asyncio.gather(
+                _drain_public(runners[:-1], runtime, deadline),
+                runtime.drain_workers(drain),
+            )
             await runtime.close()
             if runners:
                 await runners[-1].cleanup()
     log.info("stopped")
+
+
+# After the drain deadline, a request still in flight on the public listener gets this long
+# before it is cut (the upstream retries it: it never got a 2xx).
+STRAGGLER_SECONDS = 0.25
+
+
+async def _drain_public(runners: list[web.AppRunner], runtime: Runtime, deadline: float) -> None:
+    """Close the listening sockets, wait (until ``deadline``) for the requests being handled.
+
+    aiohttp's own graceful shutdown stops reading from every connection at once, so a request
+    whose body was still arriving could never finish; closing the listener first and waiting
+    for the handlers lets those bodies arrive. Answers sent meanwhile say ``Connection: close``.
+    """
+    loop = asyncio.get_running_loop()
+    for runner in runners:
+        for site in list(runner.sites):
+            await site.stop()
+    intake = runtime.intake
+    if intake is not None:
+        intake.drain()
+        await intake.drained(deadline - loop.time())
+    for runner in runners:
+        await runner.cleanup()
 
 
 def _reload_secrets(runtime: Runtime) -> None:

@@ -616,7 +616,7 @@ def _quiet_logs() -> None:
 def _run(coro: Any) -> Any:
     """Run a coroutine on uvloop when installed (``receiver[uvloop]``), else asyncio's loop."""
     try:
-        import uvloop  # type: ignore[import-not-found]
+        import uvloop  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
         uvloop = None
     # Outside the except block, so errors raised while running are not chained to ImportError.

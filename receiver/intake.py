@@ -12,10 +12,12 @@ import ipaddress
 import json
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
+from receiver import faults
 from receiver.config import Settings
 from receiver.errors import PayloadError, SignatureError, StoreError
 from receiver.logs import get_logger
@@ -29,6 +31,10 @@ log = get_logger("receiver.intake")
 # Headers kept with the stored event (the signature itself is not needed after verification).
 KEPT_HEADERS = ("Service-Event-Id", "X-Service-Event", "X-Service-Timestamp", "User-Agent")
 _MAX_ID_LENGTH = 255
+# Per-event-name caches (sinks that want it, metric children) stop growing at this many names:
+# names come from signed payloads, so they are few, but nothing here may grow without bound.
+_MAX_CACHED_NAMES = 1000
+_JSON = json.JSONEncoder()
 
 _ERROR_CODES = {
     "missing_signature": (401, "missing_signature"),
@@ -43,6 +49,19 @@ _ERROR_CODES = {
 def error_response(status: int, code: str, message: str) -> web.Response:
     """The contract's error body: ``{"error": {"code", "message"}}``."""
     return web.json_response({"error": {"code": code, "message": message}}, status=status)
+
+
+def accepted_response(event_id: str, *, duplicate: bool) -> web.Response:
+    """``{"received": true, "id": ..., "duplicate": ...}``, as json_response would write it.
+
+    Built from bytes: this answers every accepted webhook, and json.dumps of a dict is most of
+    the cost of json_response.
+    """
+    body = b'{"received": true, "id": %s, "duplicate": %s}' % (
+        _JSON.encode(event_id).encode(),
+        b"true" if duplicate else b"false",
+    )
+    return web.Response(body=body, content_type="application/json", charset="utf-8")
 
 
 def parse_event(body: bytes) -> dict[str, Any]:
@@ -113,7 +132,14 @@ class Intake:
         self._client_address = ClientAddress(settings.server.trusted_proxies)
         # Decided once: at other levels an accepted webhook costs no logging work at all.
         self._log_accepted = settings.log.level == "debug"
+        # Metric children resolved once: labels() takes a lock and a dict lookup every call.
         self._outcomes = {o: metrics.webhook_requests.labels(o) for o in WEBHOOK_OUTCOMES}
+        self._secret_matches: dict[int, Any] = {}
+        #: Requests being handled now (graceful shutdown waits for them).
+        self.in_flight = 0
+        self._draining = False
+        self._idle = asyncio.Event()
+        self._by_name: dict[str, _NameInfo] = {}
 
     def _reject(
         self, request: web.Request, outcome: str, message: str, **fields: Any
@@ -132,11 +158,34 @@ class Intake:
 
     async def handle(self, request: web.Request) -> web.Response:
         """POST {server.path}."""
+        self.in_flight += 1
         try:
-            return await self._handle(request)
+            response = await self._handle(request)
         except Exception:
             log.exception("unexpected error in the webhook handler")
-            return self._reject(request, "unavailable", "the event could not be stored")
+            response = self._reject(request, "unavailable", "the event could not be stored")
+        finally:
+            self.in_flight -= 1
+        if self._draining:
+            response.force_close()  # the client's next request goes to the next process
+            if not self.in_flight:
+                self._idle.set()
+        return response
+
+    def drain(self) -> None:
+        """Shutting down: answer what comes in, each with ``Connection: close``."""
+        self._draining = True
+        if not self.in_flight:
+            self._idle.set()
+
+    async def drained(self, timeout: float) -> bool:
+        """After :meth:`drain`: wait until no request is being handled, at most ``timeout``."""
+        try:
+            async with asyncio.timeout(max(0.0, timeout)):
+                await self._idle.wait()
+        except TimeoutError:
+            return False
+        return True
 
     async def _handle(self, request: web.Request) -> web.Response:
         server = self._settings.server
@@ -151,8 +200,11 @@ class Intake:
                 request, "too_large", f"body is larger than {server.max_body_bytes} bytes"
             )
         try:
-            async with asyncio.timeout(server.read_timeout_seconds):
-                body = await request.read()
+            if request.content.is_eof():
+                body = await request.read()  # all received already: nothing to wait for
+            else:
+                async with asyncio.timeout(server.read_timeout_seconds):
+                    body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return self._reject(
                 request, "too_large", f"body is larger than {server.max_body_bytes} bytes"
@@ -190,28 +242,29 @@ class Intake:
             return self._reject(request, "malformed", exc.message)
 
         name = event["event"]
+        info = self._name_info(name)
         new = NewEvent(
             id=event["id"],
             event=name,
             job_id=event["job_id"],
             body=body,
-            headers={k: headers[k] for k in KEPT_HEADERS if k in headers},
+            headers={k: v for k in KEPT_HEADERS if (v := headers.get(k)) is not None},
             received_at=self._clock(),
-            sinks=tuple(s.name for s in self._sinks if s.wants_event(name)),
+            sinks=info.sinks,
         )
         try:
             added = await self._store.add_event(new)
         except StoreError as exc:
             log.error("event could not be stored", event_id=new.id, error=exc.message)
             return self._reject(request, "unavailable", "the event could not be stored")
+        faults.reached("after_commit")
 
-        metrics = self._metrics
-        metrics.secret_matches.labels(str(verified.secret_index)).inc()
+        self._secret_match(verified.secret_index).inc()
         if verified.skew_seconds is not None:
-            metrics.signature_skew.observe(verified.skew_seconds)
+            self._metrics.signature_skew.observe(verified.skew_seconds)
         if added:
             self._outcomes["accepted"].inc()
-            metrics.events.labels(name, "received").inc()
+            info.received.inc()
             if self._log_accepted:
                 log.debug(
                     "webhook accepted",
@@ -224,6 +277,34 @@ class Intake:
                 self._on_stored()
         else:
             self._outcomes["duplicate"].inc()
-            metrics.events.labels(name, "duplicate").inc()
+            info.duplicate.inc()
             log.info("duplicate event acknowledged", event_id=new.id)
-        return web.json_response({"received": True, "id": new.id, "duplicate": not added})
+        return accepted_response(new.id, duplicate=not added)
+
+    def _name_info(self, name: str) -> _NameInfo:
+        info = self._by_name.get(name)
+        if info is None:
+            events = self._metrics.events
+            info = _NameInfo(
+                sinks=tuple(s.name for s in self._sinks if s.wants_event(name)),
+                received=events.labels(name, "received"),
+                duplicate=events.labels(name, "duplicate"),
+            )
+            if len(self._by_name) < _MAX_CACHED_NAMES:
+                self._by_name[name] = info
+        return info
+
+    def _secret_match(self, index: int) -> Any:
+        child = self._secret_matches.get(index)
+        if child is None:
+            child = self._secret_matches[index] = self._metrics.secret_matches.labels(str(index))
+        return child
+
+
+@dataclass(frozen=True, slots=True)
+class _NameInfo:
+    """What intake needs per event name: the sinks that want it, its counters."""
+
+    sinks: tuple[str, ...]
+    received: Any
+    duplicate: Any

@@ -21,6 +21,7 @@ from typing import Any
 
 import structlog
 
+from receiver import faults
 from receiver.config import Settings
 from receiver.enrich import Enricher
 from receiver.errors import DeliveryError, StoreError, TransientError, UnknownEvent
@@ -233,6 +234,7 @@ class Worker:
                 self._metrics.sink_delivery_seconds.labels(sink.name).observe(
                     time.monotonic() - started
                 )
+        faults.reached("after_sink_success")
         await self._settle(delivery, Outcome("done"), "success")
         log.info("delivered", sink=sink.name, attempt=delivery.attempts + 1)
 

@@ -83,8 +83,9 @@ class ReceiverProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = self.cwd / f"receiver-{self.ops_port}.log"
 
-    def start(self) -> None:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    def start(self, env: dict[str, str] | None = None) -> None:
+        """Start the process; ``env`` adds variables for this start only (e.g. a fault point)."""
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             [
