@@ -80,15 +80,23 @@ class Runtime:
 
     async def __aenter__(self) -> Runtime:
         self.session = aiohttp.ClientSession()
+        api = self.settings.api
+        upstream = UpstreamClient(
+            session=self.session,
+            base_url=api.base_url,
+            api_key=api.api_key,
+            timeout=api.timeout_seconds,
+            metrics=self.metrics,
+        )
         try:
             await self.store.open()
             if self.runs_workers:
-                await self._start_workers(self.session)
+                await self._start_workers(self.session, upstream)
             self._tasks.append(asyncio.create_task(self._refresh_gauges(), name="gauges"))
             if self.runs_workers:
                 self._tasks.append(asyncio.create_task(self._prune(), name="prune"))
             # --- upstream subscription watchdog ---
-            self.watchdog = self._watchdog(self.session)
+            self.watchdog = self._watchdog(upstream)
             if self.watchdog is not None:
                 self._tasks.append(asyncio.create_task(self.watchdog.run(), name="watchdog"))
         except BaseException:
@@ -96,19 +104,13 @@ class Runtime:
             raise
         return self
 
-    async def _start_workers(self, session: aiohttp.ClientSession) -> None:
+    async def _start_workers(
+        self, session: aiohttp.ClientSession, upstream: UpstreamClient
+    ) -> None:
         context = SinkContext(settings=self.settings, session=session, metrics=self.metrics)
         self.sinks = self._given_sinks if self._given_sinks is not None else build_sinks(context)
         for sink in self.sinks:
             await sink.open()
-        api = self.settings.api
-        upstream = UpstreamClient(
-            session=session,
-            base_url=api.base_url,
-            api_key=api.api_key,
-            timeout=api.timeout_seconds,
-            metrics=self.metrics,
-        )
         self.worker = Worker(
             settings=self.settings,
             store=self.store,
@@ -119,18 +121,11 @@ class Runtime:
         )
         self.worker.start()
 
-    def _watchdog(self, session: aiohttp.ClientSession) -> Watchdog | None:
+    def _watchdog(self, upstream: UpstreamClient) -> Watchdog | None:
         """The subscription watchdog, in processes that run workers and have an API key."""
         api = self.settings.api
         if not (self.runs_workers and api.api_key and api.watchdog_interval_seconds > 0):
             return None
-        upstream = UpstreamClient(
-            session=session,
-            base_url=api.base_url,
-            api_key=api.api_key,
-            timeout=api.timeout_seconds,
-            metrics=self.metrics,
-        )
         return Watchdog(
             upstream=upstream, metrics=self.metrics, interval=api.watchdog_interval_seconds
         )
