@@ -74,6 +74,31 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
+    # Libraries log through the standard library: send those lines through structlog too, as
+    # one line each. aiohttp logs every malformed request a client sends with its traceback;
+    # that is the client's mistake, worth a line, never a traceback on stderr.
+    root = logging.getLogger()
+    root.handlers = [_OneLineHandler()]
+    root.setLevel(max(_LEVELS.get(level, logging.INFO), logging.INFO))
+
+
+class _OneLineHandler(logging.Handler):
+    """A standard-library record as one structlog line; an exception as its type and message."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        fields: dict[str, Any] = {}
+        if record.exc_info and record.exc_info[1] is not None:
+            exc = record.exc_info[1]
+            fields["error"] = f"{type(exc).__name__}: {exc}"
+        logger = structlog.get_logger(logger_name=record.name)
+        name = record.levelname.lower()
+        if record.name == "aiohttp.server" and record.levelno > logging.WARNING:
+            name = "warning"  # a request too malformed to parse: the client's mistake
+        method = getattr(logger, name, logger.warning)
+        try:
+            method(record.getMessage(), **fields)
+        except Exception:  # logging must never raise into the caller
+            self.handleError(record)
 
 
 def get_logger(name: str) -> Any:
