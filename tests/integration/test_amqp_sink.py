@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import subprocess
 import uuid
 
@@ -14,7 +13,7 @@ import pytest
 from receiver.config import parse_settings
 from receiver.errors import TransientError
 from receiver.sinks.amqp import AmqpSink
-from tests.conftest import require_service
+from tests.conftest import require_service, require_tool
 from tests.helpers import free_port, wait_for
 from tests.peers import enriched_event
 
@@ -193,8 +192,8 @@ def close_broker_connections(name: str) -> int:
 
 
 async def test_reconnects_after_the_broker_drops_the_connection(broker, opened):
-    if shutil.which("rabbitmqctl") is None:
-        pytest.skip("rabbitmqctl is not installed")
+    # rabbitmqctl comes with the RabbitMQ server the test already talks to.
+    require_tool("rabbitmqctl", installed_by="the rabbitmq-server package")
     queue = broker.unique("queues")
     name = f"drop-{uuid.uuid4().hex[:8]}"
     sink = await opened(name=name, queue=queue)
