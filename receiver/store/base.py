@@ -18,7 +18,7 @@ the event up again (at-least-once processing).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -91,6 +91,44 @@ class EventRecord:
             out["headers"] = dict(self.headers)
             out["payload"] = self.payload()
         return out
+
+
+# The column orders the SQL backends select in, so one function maps rows to records.
+EVENT_COLUMNS = "id, event, job_id, body, headers, received_at, state"
+
+
+def event_records(
+    rows: Sequence[Sequence[Any]], delivery_rows: Iterable[Sequence[Any]]
+) -> list[EventRecord]:
+    """Records from event rows (EVENT_COLUMNS first, headers as JSON text) and the rows of their
+    deliveries (event_id, sink, state, attempts, next_attempt_at, last_error, updated_at), each
+    event's deliveries in the order given."""
+    by_event: dict[str, list[DeliveryRecord]] = {}
+    for d in delivery_rows:
+        by_event.setdefault(d[0], []).append(
+            DeliveryRecord(
+                event_id=d[0],
+                sink=d[1],
+                state=d[2],
+                attempts=d[3],
+                next_attempt_at=d[4],
+                last_error=d[5],
+                updated_at=d[6],
+            )
+        )
+    return [
+        EventRecord(
+            id=row[0],
+            event=row[1],
+            job_id=row[2],
+            body=bytes(row[3]),
+            headers=json.loads(row[4]),
+            received_at=row[5],
+            state=row[6],
+            deliveries=tuple(by_event.get(row[0], ())),
+        )
+        for row in rows
+    ]
 
 
 @dataclass(frozen=True)

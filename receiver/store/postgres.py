@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
@@ -38,12 +38,13 @@ from receiver.config import StoreSettings
 from receiver.errors import StoreUnavailable, UnknownEvent
 from receiver.logs import get_logger, redact_url
 from receiver.store.base import (
+    EVENT_COLUMNS,
     EVENT_STATES,
     Claim,
-    DeliveryRecord,
     EventRecord,
     NewEvent,
     Outcome,
+    event_records,
 )
 
 T = TypeVar("T")
@@ -160,7 +161,6 @@ SELECT count(*) AS added, CASE WHEN count(*) > 0 THEN pg_notify($10, $11) END AS
 FROM ins
 """
 
-EVENT_COLUMNS = "id, event, job_id, body, headers, received_at, state"
 
 CLAIM = """
 WITH due AS (
@@ -749,31 +749,5 @@ async def _with_deliveries(conn: Any, rows: Sequence[Any]) -> list[EventRecord]:
     """EventRecords for event rows (``EVENT_COLUMNS`` first), with their deliveries by sink."""
     if not rows:
         return []
-    ids = [row["id"] for row in rows]
-    by_event: dict[str, list[DeliveryRecord]] = {}
-    for d in await conn.fetch(SELECT_DELIVERIES, ids):
-        by_event.setdefault(d["event_id"], []).append(
-            DeliveryRecord(
-                event_id=d["event_id"],
-                sink=d["sink"],
-                state=d["state"],
-                attempts=d["attempts"],
-                next_attempt_at=d["next_attempt_at"],
-                last_error=d["last_error"],
-                updated_at=d["updated_at"],
-            )
-        )
-    return [_event_record(row, by_event.get(row["id"], ())) for row in rows]
-
-
-def _event_record(row: Any, deliveries: Iterable[DeliveryRecord]) -> EventRecord:
-    return EventRecord(
-        id=row["id"],
-        event=row["event"],
-        job_id=row["job_id"],
-        body=bytes(row["body"]),
-        headers=json.loads(row["headers"]),
-        received_at=row["received_at"],
-        state=row["state"],
-        deliveries=tuple(deliveries),
-    )
+    deliveries = await conn.fetch(SELECT_DELIVERIES, [row["id"] for row in rows])
+    return event_records(rows, deliveries)

@@ -24,7 +24,7 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,12 +33,13 @@ from typing import Any, TypeVar
 from receiver.config import StoreSettings
 from receiver.errors import ConfigError, StoreUnavailable, UnknownEvent
 from receiver.store.base import (
+    EVENT_COLUMNS,
     EVENT_STATES,
     Claim,
-    DeliveryRecord,
     EventRecord,
     NewEvent,
     Outcome,
+    event_records,
 )
 
 T = TypeVar("T")
@@ -167,7 +168,6 @@ CHECKPOINT_RETRY_SECONDS = 0.05
 # writer between two groups: under constant load the WAL would otherwise never restart.
 WAL_RESTART_PAGES = 16000
 
-EVENT_COLUMNS = "id, event, job_id, body, headers, received_at, state"
 
 CLAIM = """
 UPDATE events SET lease_owner = :owner, lease_expires_at = :expires
@@ -921,30 +921,4 @@ def _with_deliveries(conn: sqlite3.Connection, rows: Sequence[Sequence[Any]]) ->
     if not rows:
         return []
     ids = json.dumps([row[0] for row in rows])
-    by_event: dict[str, list[DeliveryRecord]] = {}
-    for d in conn.execute(SELECT_DELIVERIES, (ids,)):
-        by_event.setdefault(d[0], []).append(
-            DeliveryRecord(
-                event_id=d[0],
-                sink=d[1],
-                state=d[2],
-                attempts=d[3],
-                next_attempt_at=d[4],
-                last_error=d[5],
-                updated_at=d[6],
-            )
-        )
-    return [_event_record(row, by_event.get(row[0], ())) for row in rows]
-
-
-def _event_record(row: Sequence[Any], deliveries: Iterable[DeliveryRecord]) -> EventRecord:
-    return EventRecord(
-        id=row[0],
-        event=row[1],
-        job_id=row[2],
-        body=bytes(row[3]),
-        headers=json.loads(row[4]),
-        received_at=row[5],
-        state=row[6],
-        deliveries=tuple(deliveries),
-    )
+    return event_records(rows, conn.execute(SELECT_DELIVERIES, (ids,)))
