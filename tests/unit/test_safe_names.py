@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from receiver.sinks.base import FileRef
+from receiver.events import FileRef
 from receiver.sinks.download import (
     MAX_COMPONENT_BYTES,
     UNKNOWN_COLLECTION,
