@@ -36,8 +36,8 @@ from receiver.events import Enriched, FileRef
 from receiver.logs import get_logger, redact_url
 from receiver.metrics import Metrics
 from receiver.netguard import AddressPolicy, GuardedClient, is_public_address
+from receiver.retry import parse_retry_after
 from receiver.sinks.base import SinkContext
-from receiver.upstream import parse_retry_after
 
 log = get_logger(__name__)
 
