@@ -1,5 +1,5 @@
 """The flags of ``receiver simulate``, and the :class:`~receiver.simulator.run.SimulateOptions`
-they stand for. The command itself (its checks and exit codes) is :mod:`receiver.cli`'s.
+they stand for. The command itself (its checks and exit codes) is :mod:`receiver.cli.simulate`'s.
 """
 
 from __future__ import annotations
