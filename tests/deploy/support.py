@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.helpers import ROOT
+from tests.support.helpers import ROOT
 
 DEPLOY = ROOT / "deploy"
 

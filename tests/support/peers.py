@@ -21,7 +21,7 @@ import pytest
 from aiohttp import web
 
 from receiver.events import Enriched
-from tests.conftest import service_reachable
+from tests.support.services import service_reachable
 
 
 @dataclass

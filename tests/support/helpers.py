@@ -19,7 +19,7 @@ import aiohttp
 
 from receiver.signature import webhook_headers
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:
