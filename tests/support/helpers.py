@@ -140,6 +140,17 @@ class ReceiverProcess:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
+def stop_process(proc: subprocess.Popen[bytes] | None, timeout: float = 10.0) -> None:
+    """SIGTERM a child still running, then SIGKILL it if it has not ended within ``timeout``."""
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout)
+
+
 async def post_webhook(
     url: str, secret: str, payload: dict[str, Any], *, timestamp: int | None = None
 ) -> int:
