@@ -17,7 +17,7 @@ from receiver.app import Runtime
 from receiver.sinks.download import DownloadSink
 from tests.support.faults import API_KEY, SECRET, expected_files, final_files, signed_post
 from tests.support.helpers import wait_for
-from tests.support.pipeline import download_sink, fast_settings
+from tests.support.pipeline import download_settings
 from tests.support.upstream import serve_upstream
 
 EVENTS = 40
@@ -48,12 +48,11 @@ async def test_download_sink_outage_drains_the_backlog_after_recovery(
     sim = await serve_upstream(
         aiohttp_server, api_key=API_KEY, seed=31, middlewares=[outage.middleware]
     )
-    settings = fast_settings(
+    settings = download_settings(
         sim,
+        tmp_path,
         secret=SECRET,
         api_key=API_KEY,
-        store={"url": f"sqlite:///{tmp_path}/inbox.db"},
-        sinks=[download_sink(tmp_path / "dl")],
         worker={"concurrency": 8, "max_attempts": 1000, "backoff_max_seconds": 0.4},
     )
     payloads = [sim.add_job("image") for _ in range(EVENTS)]

@@ -20,7 +20,7 @@ from receiver.simulator import Simulator
 from receiver.upstream import ASSET_ENDPOINT, JOB_ENDPOINT
 from tests.support.faults import API_KEY, SECRET, expected_files, final_files, signed_post
 from tests.support.helpers import wait_for
-from tests.support.pipeline import download_sink, fast_settings
+from tests.support.pipeline import download_settings
 
 INITIAL = 0.02  # production: 1 s
 MAXIMUM = 0.32  # production: 600 s
@@ -54,12 +54,11 @@ STORMS = {
 async def test_storm_ends_with_every_event_done_and_no_hot_loop(
     storm: str, aiohttp_client: Any, tmp_path: Path, upstream: Simulator
 ) -> None:
-    settings = fast_settings(
+    settings = download_settings(
         upstream,
+        tmp_path,
         secret=SECRET,
         api_key=API_KEY,
-        store={"url": f"sqlite:///{tmp_path}/inbox.db"},
-        sinks=[download_sink(tmp_path / "dl")],
         worker={
             "concurrency": 8,
             "max_attempts": 1000,

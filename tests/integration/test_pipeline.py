@@ -10,7 +10,7 @@ from structlog.testing import capture_logs
 from receiver.app import Runtime
 from receiver.config import parse_settings
 from tests.support.helpers import wait_for
-from tests.support.pipeline import download_sink, fast_settings, settled
+from tests.support.pipeline import download_settings, settled
 from tests.support.pipeline import send as send_signed
 from tests.support.upstream import serve_upstream
 
@@ -29,12 +29,11 @@ async def upstream(aiohttp_server):
 
 
 def make_settings(tmp_path, upstream, **worker):
-    return fast_settings(
+    return download_settings(
         upstream,
+        tmp_path,
         secret=SECRET,
         api_key=API_KEY,
-        store={"url": f"sqlite:///{tmp_path}/inbox.db"},
-        sinks=[download_sink(tmp_path / "dl")],
         worker=worker,
     )
 

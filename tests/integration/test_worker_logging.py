@@ -5,7 +5,7 @@ from structlog.testing import capture_logs
 
 from receiver.app import Runtime
 from tests.support.helpers import wait_for
-from tests.support.pipeline import download_sink, fast_settings, send, settled
+from tests.support.pipeline import download_settings, send, settled
 from tests.support.upstream import serve_upstream
 
 SECRET = "whsec_worker_logging"
@@ -20,12 +20,11 @@ async def upstream(aiohttp_server):
 async def test_a_processed_event_is_logged(aiohttp_client, tmp_path, upstream) -> None:
     payload = upstream.add_job("logo")
     with capture_logs() as logs:
-        settings = fast_settings(
+        settings = download_settings(
             upstream,
+            tmp_path,
             secret=SECRET,
             api_key=API_KEY,
-            store={"url": f"sqlite:///{tmp_path}/inbox.db"},
-            sinks=[download_sink(tmp_path / "dl")],
         )
         async with Runtime(settings) as runtime:
             client = await aiohttp_client(runtime.public_app())

@@ -53,6 +53,26 @@ def fast_settings(
     )
 
 
+def download_settings(
+    upstream: Simulator,
+    tmp_path: Path,
+    *,
+    secret: str,
+    api_key: str,
+    worker: Mapping[str, Any] | None = None,
+) -> Settings:
+    """:func:`fast_settings` with a SQLite inbox in ``tmp_path`` and one download sink to
+    ``tmp_path / "dl"``."""
+    return fast_settings(
+        upstream,
+        secret=secret,
+        api_key=api_key,
+        store={"url": f"sqlite:///{tmp_path}/inbox.db"},
+        sinks=[download_sink(tmp_path / "dl")],
+        worker=worker,
+    )
+
+
 def signed(payload: Mapping[str, Any], secret: str) -> tuple[bytes, dict[str, str]]:
     """The body and the upstream's headers for ``payload``, signed now."""
     body = json.dumps(payload).encode()
