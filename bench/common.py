@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from receiver.signature import webhook_headers  # noqa: E402
-from tests.helpers import write_config  # noqa: E402
+from tests.support.helpers import write_config  # noqa: E402
 
 _handed_out: set[int] = set()
 

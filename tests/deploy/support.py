@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.helpers import ROOT
+from tests.support.helpers import ROOT, stop_process
 
 DEPLOY = ROOT / "deploy"
 
@@ -55,13 +54,7 @@ class Background:
             raise AssertionError(f"{self.args[0]} exited {self.proc.returncode}:\n{self.log()}")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_process(self.proc)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

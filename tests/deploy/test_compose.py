@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import require_module, require_tool
 from tests.deploy.support import DEPLOY, run_tool
+from tests.support.services import require_module, require_tool
 
 COMPOSE = DEPLOY / "compose"
 ENV_EXAMPLE = COMPOSE / ".env.example"

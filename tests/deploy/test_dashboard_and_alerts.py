@@ -7,9 +7,9 @@ Grafana runs here, so the dashboard's structure is checked as JSON.
 import json
 import re
 
-from tests.conftest import require_module
 from tests.deploy.promql import metric_names
 from tests.deploy.support import DEPLOY
+from tests.support.services import require_module
 
 DASHBOARD = json.loads((DEPLOY / "grafana" / "receiver-dashboard.json").read_text())
 ALERTS_YML = DEPLOY / "prometheus" / "alerts.yml"

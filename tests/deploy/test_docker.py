@@ -14,9 +14,9 @@ import tomllib
 
 import pytest
 
-from tests.conftest import require_tool
 from tests.deploy.support import DEPLOY, run_tool
-from tests.helpers import ROOT, ReceiverProcess, free_port, write_config
+from tests.support.helpers import ROOT, ReceiverProcess, free_port, write_config
+from tests.support.services import require_tool
 
 DOCKERFILE = DEPLOY / "docker" / "Dockerfile"
 IMAGE_CONFIG = DEPLOY / "docker" / "config.toml"

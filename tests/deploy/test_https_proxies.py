@@ -18,10 +18,10 @@ import pytest
 from yarl import URL
 
 from receiver.signature import webhook_headers
-from receiver.simulator import Simulator
-from tests.conftest import require_tool
 from tests.deploy.support import DEPLOY, Background, json_lines, run_tool
-from tests.helpers import ReceiverProcess, free_port, wait_for, write_config
+from tests.support.helpers import ReceiverProcess, free_port, wait_for, write_config
+from tests.support.services import require_tool
+from tests.support.upstream import serve_upstream
 
 CADDYFILE = DEPLOY / "caddy" / "Caddyfile"
 NGINX_CONF = DEPLOY / "nginx" / "receiver.conf"
@@ -187,10 +187,7 @@ def client_session(ca_file, source=CLIENT):
 
 @pytest.fixture
 async def upstream(aiohttp_server):
-    sim = Simulator(api_key=API_KEY, seed=5)
-    server = await aiohttp_server(sim.create_app())
-    sim.base_url = str(server.make_url("/v1"))
-    return sim
+    return await serve_upstream(aiohttp_server, api_key=API_KEY, seed=5)
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ import tomllib
 import pytest
 
 from receiver.config import parse_settings
-from tests.conftest import require_module, require_tool
 from tests.deploy.support import DEPLOY, run_tool
+from tests.support.services import require_module, require_tool
 
 K8S = DEPLOY / "kubernetes"
 CORE_KINDS = {"ConfigMap", "Secret", "PersistentVolumeClaim", "Deployment", "Service", "Ingress"}

@@ -19,10 +19,10 @@ import pytest
 
 from receiver.metrics import SINK_OUTCOMES, WEBHOOK_OUTCOMES
 from receiver.store.base import EVENT_STATES
-from tests.conftest import require_tool
 from tests.deploy.promql import exposed_names, matchers, metric_names
 from tests.deploy.support import DEPLOY, Background, run_tool
-from tests.helpers import ROOT, free_port, write_config
+from tests.support.helpers import ROOT, free_port, write_config
+from tests.support.services import require_tool
 
 PROMETHEUS_YML = DEPLOY / "prometheus" / "prometheus.yml"
 ALERTS_YML = DEPLOY / "prometheus" / "alerts.yml"

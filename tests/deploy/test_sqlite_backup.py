@@ -8,9 +8,9 @@ while the receiver keeps running.
 import shutil
 import sqlite3
 
-from tests.conftest import require_tool
 from tests.deploy.support import run_tool
-from tests.helpers import ReceiverProcess, free_port, post_webhook, write_config
+from tests.support.helpers import ReceiverProcess, free_port, post_webhook, write_config
+from tests.support.services import require_tool
 
 SECRET = "whsec_backup"
 EVENTS = 5

@@ -10,9 +10,9 @@ import aiohttp
 
 from receiver.config import ServerSettings
 from receiver.signature import webhook_headers
-from tests.conftest import require_tool
 from tests.deploy.support import DEPLOY, run_tool
-from tests.helpers import ReceiverProcess, free_port, wait_for, write_config
+from tests.support.helpers import ReceiverProcess, free_port, wait_for, write_config
+from tests.support.services import require_tool
 
 UNIT = DEPLOY / "systemd" / "receiver.service"
 INSTALLED_COMMAND = "/opt/receiver/bin/receiver"

@@ -18,7 +18,7 @@ import aiohttp
 
 from receiver.faults import ENV_VAR, EXIT_CODE
 from receiver.simulator import Simulator
-from tests.faults.conftest import (
+from tests.support.faults import (
     client_session,
     db_rows,
     expected_files,
@@ -28,7 +28,7 @@ from tests.faults.conftest import (
     signed_post,
     temporary_files,
 )
-from tests.helpers import ReceiverProcess, wait_for
+from tests.support.helpers import ReceiverProcess, wait_for
 
 SENDERS = 3
 SEND_PAUSE = 0.15

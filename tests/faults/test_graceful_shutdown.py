@@ -16,8 +16,8 @@ from typing import Any
 import aiohttp
 
 from receiver.simulator import Simulator
-from tests.faults.conftest import client_session, db_rows, receiver_config, signed_post
-from tests.helpers import ReceiverProcess
+from tests.support.faults import client_session, db_rows, receiver_config, signed_post
+from tests.support.helpers import ReceiverProcess
 
 DRAIN = 3.0
 HALF_SENT = 8

@@ -14,11 +14,11 @@ from typing import Any
 from aiohttp import web
 
 from receiver.app import Runtime
-from receiver.config import parse_settings
-from receiver.simulator import Simulator
 from receiver.sinks.download import DownloadSink
-from tests.faults.conftest import API_KEY, SECRET, expected_files, final_files, signed_post
-from tests.helpers import wait_for
+from tests.support.faults import API_KEY, SECRET, expected_files, final_files, signed_post
+from tests.support.helpers import wait_for
+from tests.support.pipeline import download_settings
+from tests.support.upstream import serve_upstream
 
 EVENTS = 40
 
@@ -44,34 +44,16 @@ class Outage:
 async def test_download_sink_outage_drains_the_backlog_after_recovery(
     aiohttp_client: Any, aiohttp_server: Any, tmp_path: Path, record_property: Any
 ) -> None:
-    sim = Simulator(api_key=API_KEY, seed=31)
     outage = Outage()
-    app = sim.create_app()
-    app.middlewares.append(outage.middleware)
-    server = await aiohttp_server(app)
-    sim.base_url = str(server.make_url("/v1"))
-    settings = parse_settings(
-        {
-            "webhook": {"secrets": [SECRET]},
-            "api": {"base_url": sim.base_url, "api_key": API_KEY, "timeout_seconds": 5},
-            "store": {"url": f"sqlite:///{tmp_path}/inbox.db"},
-            "worker": {
-                "concurrency": 8,
-                "max_attempts": 1000,
-                "backoff_initial_seconds": 0.05,
-                "backoff_max_seconds": 0.4,
-                "poll_interval_seconds": 0.05,
-            },
-            "sinks": [
-                {
-                    "name": "files",
-                    "type": "download",
-                    "directory": str(tmp_path / "dl"),
-                    "allow_private_networks": True,
-                }
-            ],
-        },
-        env={},
+    sim = await serve_upstream(
+        aiohttp_server, api_key=API_KEY, seed=31, middlewares=[outage.middleware]
+    )
+    settings = download_settings(
+        sim,
+        tmp_path,
+        secret=SECRET,
+        api_key=API_KEY,
+        worker={"concurrency": 8, "max_attempts": 1000, "backoff_max_seconds": 0.4},
     )
     payloads = [sim.add_job("image") for _ in range(EVENTS)]
     async with Runtime(settings) as runtime:

@@ -25,7 +25,7 @@ import pytest
 from receiver.app import Runtime
 from receiver.config import parse_settings
 from receiver.store.sqlite import SqliteStore
-from tests.faults.conftest import SECRET, signed_post
+from tests.support.faults import SECRET, signed_post
 
 SENDERS = 3
 BUSY_TIMEOUT = 0.3  # how long a write waits for another process's lock (5 s by default)

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 
 from receiver.app import Runtime
-from receiver.config import parse_settings
 from receiver.simulator import Simulator
 from receiver.upstream import ASSET_ENDPOINT, JOB_ENDPOINT
-from tests.faults.conftest import API_KEY, SECRET, expected_files, final_files, signed_post
-from tests.helpers import wait_for
+from tests.support.faults import API_KEY, SECRET, expected_files, final_files, signed_post
+from tests.support.helpers import wait_for
+from tests.support.pipeline import download_settings
 
 INITIAL = 0.02  # production: 1 s
 MAXIMUM = 0.32  # production: 600 s
@@ -54,28 +54,17 @@ STORMS = {
 async def test_storm_ends_with_every_event_done_and_no_hot_loop(
     storm: str, aiohttp_client: Any, tmp_path: Path, upstream: Simulator
 ) -> None:
-    settings = parse_settings(
-        {
-            "webhook": {"secrets": [SECRET]},
-            "api": {"base_url": upstream.base_url, "api_key": API_KEY, "timeout_seconds": 5},
-            "store": {"url": f"sqlite:///{tmp_path}/inbox.db"},
-            "worker": {
-                "concurrency": 8,
-                "max_attempts": 1000,
-                "backoff_initial_seconds": INITIAL,
-                "backoff_max_seconds": MAXIMUM,
-                "poll_interval_seconds": 0.05,
-            },
-            "sinks": [
-                {
-                    "name": "files",
-                    "type": "download",
-                    "directory": str(tmp_path / "dl"),
-                    "allow_private_networks": True,
-                }
-            ],
+    settings = download_settings(
+        upstream,
+        tmp_path,
+        secret=SECRET,
+        api_key=API_KEY,
+        worker={
+            "concurrency": 8,
+            "max_attempts": 1000,
+            "backoff_initial_seconds": INITIAL,
+            "backoff_max_seconds": MAXIMUM,
         },
-        env={},
     )
     for knob, value in STORMS[storm].items():
         setattr(upstream, knob, value)

@@ -29,8 +29,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from receiver.signature import sign
-from tests.helpers import ReceiverProcess
-from tests.hostile.conftest import SECRET, intake_config, running
+from tests.support.helpers import ReceiverProcess
+from tests.support.hostile import SECRET, intake_config, running
 
 EXAMPLES = int(os.environ.get("RECEIVER_FUZZ_EXAMPLES", "200"))
 MAX_BODY = 65536  # server.max_body_bytes in tests/hostile/conftest.py

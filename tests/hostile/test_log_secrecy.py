@@ -17,8 +17,8 @@ from typing import Any
 import aiohttp
 
 from receiver.signature import webhook_headers
-from receiver.simulator import Simulator
-from tests.helpers import ReceiverProcess, free_port, wait_for, write_config
+from tests.support.helpers import ReceiverProcess, free_port, wait_for, write_config
+from tests.support.upstream import serve_upstream
 
 WEBHOOK_SECRET = "whsec_" + "s3cr3t" * 6
 API_KEY = "service_" + "a1" * 32  # the receiver's key
@@ -44,9 +44,7 @@ def signed(payload: dict[str, Any], secret: str = WEBHOOK_SECRET, *, age: int = 
 
 
 async def test_no_secret_reaches_a_log_line(aiohttp_server: Any, tmp_path: Path) -> None:
-    sim = Simulator(api_key=OTHER_KEY, seed=41)
-    server = await aiohttp_server(sim.create_app())
-    sim.base_url = str(server.make_url("/v1"))
+    sim = await serve_upstream(aiohttp_server, api_key=OTHER_KEY, seed=41)
     config = write_config(
         tmp_path / "config.toml",
         {

@@ -15,8 +15,8 @@ import uuid
 import aiohttp
 
 from receiver.signature import webhook_headers
-from tests.helpers import ReceiverProcess
-from tests.hostile.conftest import READ_TIMEOUT, SECRET
+from tests.support.helpers import ReceiverProcess
+from tests.support.hostile import READ_TIMEOUT, SECRET
 
 SLOW_CLIENTS = 10  # of each kind
 NORMAL_PACE = 0.05

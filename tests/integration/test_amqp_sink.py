@@ -10,25 +10,18 @@ import uuid
 import aio_pika
 import pytest
 
-from receiver.config import parse_settings
 from receiver.errors import TransientError
 from receiver.sinks.amqp import AmqpSink
-from tests.conftest import require_service, require_tool
-from tests.helpers import free_port, wait_for
-from tests.peers import enriched_event
+from tests.support.helpers import free_port, wait_for
+from tests.support.peers import enriched_event
+from tests.support.services import require_service, require_tool
+from tests.support.sinks import opened_sinks, sink_settings
 
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
 
 
 def amqp_sink(name="bus", url=AMQP_URL, **options):
-    settings = parse_settings(
-        {
-            "webhook": {"secrets": ["x"]},
-            "sinks": [{"name": name, "type": "amqp", "url": url, **options}],
-        },
-        env={},
-    )
-    return AmqpSink(settings.sinks[0])
+    return AmqpSink(sink_settings(name, "amqp", url=url, **options))
 
 
 @pytest.fixture
@@ -57,17 +50,8 @@ async def broker():
 
 @pytest.fixture
 async def opened():
-    sinks = []
-
-    async def make(**kwargs):
-        sink = amqp_sink(**kwargs)
-        await sink.open()
-        sinks.append(sink)
-        return sink
-
-    yield make
-    for sink in sinks:
-        await sink.close()
+    async with opened_sinks(amqp_sink) as make:
+        yield make
 
 
 async def get_messages(channel, queue_name, count):

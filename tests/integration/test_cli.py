@@ -1,10 +1,7 @@
 """The command line as a user meets it: exit codes, one-line errors, no tracebacks."""
 
-import asyncio
 import json
-import os
 import socket
-import sys
 import time
 
 import pytest
@@ -13,30 +10,10 @@ from receiver.app import Runtime
 from receiver.config import parse_settings
 from receiver.signature import verify
 from receiver.store.base import NewEvent
-from tests.helpers import ROOT, free_port, write_config
+from tests.support.cli import assert_one_clean_line, run_cli
+from tests.support.helpers import ROOT, free_port, write_config
 
 SECRET = "whsec_cli"
-
-
-async def run_cli(*args, env=None, cwd=None):
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "receiver",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, **(env or {})},
-        cwd=cwd or ROOT,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    return proc.returncode, out.decode(), err.decode()
-
-
-def assert_one_clean_line(err):
-    assert "Traceback" not in err
-    assert len(err.strip().splitlines()) >= 1
-    assert all(line.startswith("receiver: ") for line in err.strip().splitlines())
 
 
 async def test_check_config_example_masks_secrets():

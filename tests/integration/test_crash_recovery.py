@@ -4,8 +4,8 @@ import time
 
 import pytest
 
-from receiver.simulator import Simulator
-from tests.helpers import ReceiverProcess, free_port, post_webhook, wait_for, write_config
+from tests.support.helpers import ReceiverProcess, free_port, post_webhook, wait_for, write_config
+from tests.support.upstream import serve_upstream
 
 SECRET = "whsec_crash"
 API_KEY = "service_" + "ef" * 32
@@ -13,10 +13,7 @@ API_KEY = "service_" + "ef" * 32
 
 @pytest.fixture
 async def upstream(aiohttp_server):
-    sim = Simulator(api_key=API_KEY, seed=11)
-    server = await aiohttp_server(sim.create_app())
-    sim.base_url = str(server.make_url("/v1"))
-    return sim
+    return await serve_upstream(aiohttp_server, api_key=API_KEY, seed=11)
 
 
 def config(tmp_path, upstream, *, lease=5, drain=2.0):

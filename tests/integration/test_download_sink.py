@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -18,36 +17,11 @@ from structlog.testing import capture_logs
 
 from receiver.config import SinkSettings
 from receiver.errors import NotReady, PermanentError, TransientError
-from receiver.events import Enriched, FileRef
 from receiver.netguard import IPAddress, is_public_address
 from receiver.sinks.download import DownloadSink
+from tests.support.downloads import PNG, enriched, loopback_is_public, ref
 
-PNG = b"\x89PNG\r\n\x1a\n" + b"p" * 5000
 SinkFactory = Callable[..., Awaitable[DownloadSink]]
-
-
-def enriched(*files: FileRef) -> Enriched:
-    return Enriched(
-        event_id="evt_1",
-        event_name="job.completed",
-        payload={"id": "evt_1", "object": "event", "event": "job.completed", "job_id": "job_1"},
-        job={"id": "job_1", "status": "completed"},
-        assets=(),
-        files=files,
-        received_at=0.0,
-        processed_at=0.0,
-    )
-
-
-def ref(
-    url: str,
-    *,
-    asset_type: str = "image",
-    asset_id: str = "ast_1",
-    collection_id: str | None = "col_1",
-    item_name: str | None = "hero",
-) -> FileRef:
-    return FileRef(asset_type, asset_id, url, collection_id, item_name)
 
 
 def files_under(root: Path) -> list[Path]:
@@ -169,14 +143,6 @@ async def make_sink(downloads: Path) -> AsyncIterator[SinkFactory]:
     yield factory
     for sink in sinks:
         await sink.close()
-
-
-LOOPBACK = ipaddress.ip_address("127.0.0.1")
-
-
-def loopback_is_public(ip: IPAddress) -> bool:
-    """Treats the test server's 127.0.0.1 as public; every other private address stays refused."""
-    return ip == LOOPBACK or is_public_address(ip)
 
 
 class MapResolver(AbstractResolver):

@@ -10,22 +10,15 @@ import textwrap
 
 import pytest
 
-from receiver.config import parse_settings
 from receiver.errors import PermanentError, TransientError
 from receiver.sinks.exec import ExecSink
-from tests.helpers import wait_for
-from tests.peers import enriched_event
+from tests.support.helpers import wait_for
+from tests.support.peers import enriched_event
+from tests.support.sinks import sink_settings
 
 
 def exec_sink(command, **options):
-    settings = parse_settings(
-        {
-            "webhook": {"secrets": ["x"]},
-            "sinks": [{"name": "cmd", "type": "exec", "command": command, **options}],
-        },
-        env={},
-    )
-    return ExecSink(settings.sinks[0])
+    return ExecSink(sink_settings("cmd", "exec", command=command, **options))
 
 
 def script(tmp_path, body: str) -> list[str]:

@@ -13,8 +13,8 @@ from receiver.errors import PermanentError, TransientError
 from receiver.signature import verify
 from receiver.sinks.http import HttpSink
 from receiver.sinks.slack import ChatSink
-from tests.helpers import free_port
-from tests.peers import Capture, enriched_event
+from tests.support.helpers import free_port
+from tests.support.peers import Capture, enriched_event
 
 SINK_SECRET = "forward-secret-0123456789"
 HOOK_PATH = "/services/T0001/B0002/very-secret-token"

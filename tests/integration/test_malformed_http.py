@@ -4,7 +4,7 @@ import asyncio
 import json
 import socket
 
-from tests.helpers import ReceiverProcess, free_port, write_config
+from tests.support.helpers import ReceiverProcess, free_port, write_config
 
 JUNK = (
     b"GARBAGE \x00\x01\r\n\r\n",

@@ -4,9 +4,9 @@ import asyncio
 
 import asyncpg
 
-from tests.helpers import free_port, write_config
-from tests.integration.test_cli import assert_one_clean_line, run_cli
-from tests.postgres import POSTGRES_URL, fresh_schema, require_postgres
+from tests.support.cli import assert_one_clean_line, run_cli
+from tests.support.helpers import free_port, write_config
+from tests.support.postgres import POSTGRES_URL, fresh_schema, require_postgres
 
 
 def store_config(tmp_path, name, **store):

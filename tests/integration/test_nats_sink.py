@@ -9,25 +9,18 @@ import uuid
 import nats
 import pytest
 
-from receiver.config import parse_settings
 from receiver.errors import TransientError
 from receiver.sinks.nats import NatsSink
-from tests.conftest import require_service
-from tests.helpers import free_port, wait_for
-from tests.peers import LocalServer, enriched_event
+from tests.support.helpers import free_port, wait_for
+from tests.support.peers import LocalServer, enriched_event
+from tests.support.services import require_service
+from tests.support.sinks import opened_sinks, sink_settings
 
 NATS_URL = "nats://127.0.0.1:4222"
 
 
 def nats_sink(url=NATS_URL, **options):
-    settings = parse_settings(
-        {
-            "webhook": {"secrets": ["x"]},
-            "sinks": [{"name": "js", "type": "nats", "url": url, **options}],
-        },
-        env={},
-    )
-    return NatsSink(settings.sinks[0])
+    return NatsSink(sink_settings("js", "nats", url=url, **options))
 
 
 @pytest.fixture
@@ -53,17 +46,8 @@ async def js():
 
 @pytest.fixture
 async def opened():
-    sinks = []
-
-    async def make(**kwargs):
-        sink = nats_sink(**kwargs)
-        await sink.open()
-        sinks.append(sink)
-        return sink
-
-    yield make
-    for sink in sinks:
-        await sink.close()
+    async with opened_sinks(nats_sink) as make:
+        yield make
 
 
 async def test_creates_the_stream_and_publishes_with_the_event_id(js, opened):

@@ -1,7 +1,7 @@
 """The whole path in one process: webhook -> inbox -> worker -> simulator upstream -> files."""
 
-import json
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -9,9 +9,10 @@ from structlog.testing import capture_logs
 
 from receiver.app import Runtime
 from receiver.config import parse_settings
-from receiver.signature import webhook_headers
-from receiver.simulator import Simulator
-from tests.helpers import wait_for
+from tests.support.helpers import wait_for
+from tests.support.pipeline import download_settings, settled
+from tests.support.pipeline import send as send_signed
+from tests.support.upstream import serve_upstream
 
 SECRET = "whsec_pipeline"
 API_KEY = "service_" + "ab" * 32
@@ -24,35 +25,20 @@ CRASH_EVENTS = {
 
 @pytest.fixture
 async def upstream(aiohttp_server):
-    sim = Simulator(api_key=API_KEY, seed=3)
-    server = await aiohttp_server(sim.create_app())
-    sim.base_url = str(server.make_url("/v1"))
-    return sim
+    return await serve_upstream(aiohttp_server, api_key=API_KEY, seed=3)
 
 
 def make_settings(tmp_path, upstream, **worker):
-    return parse_settings(
-        {
-            "webhook": {"secrets": [SECRET]},
-            "api": {"base_url": upstream.base_url, "api_key": API_KEY, "timeout_seconds": 5},
-            "store": {"url": f"sqlite:///{tmp_path}/inbox.db"},
-            "worker": {
-                "backoff_initial_seconds": 0.05,
-                "backoff_max_seconds": 0.2,
-                "poll_interval_seconds": 0.05,
-                **worker,
-            },
-            "sinks": [
-                {
-                    "name": "files",
-                    "type": "download",
-                    "directory": str(tmp_path / "dl"),
-                    "allow_private_networks": True,
-                }
-            ],
-        },
-        env={},
+    return download_settings(
+        upstream,
+        tmp_path,
+        secret=SECRET,
+        api_key=API_KEY,
+        worker=worker,
     )
+
+
+send = partial(send_signed, secret=SECRET)
 
 
 @pytest.fixture
@@ -64,24 +50,6 @@ async def pipeline(aiohttp_client, tmp_path, upstream):
             yield runtime, client, upstream, tmp_path / "dl"
     crashes = [line for line in logs if line["event"] in CRASH_EVENTS]
     assert not crashes, crashes
-
-
-async def send(client, payload):
-    body = json.dumps(payload).encode()
-    headers = webhook_headers(
-        SECRET, body, int(time.time()), event_id=payload["id"], event_name=payload["event"]
-    )
-    response = await client.post("/webhooks", data=body, headers=headers)
-    assert response.status == 200, await response.text()
-
-
-async def settled(runtime, event_id, state="done", timeout=15.0):
-    async def check():
-        record = await runtime.store.get(event_id)
-        return record is not None and record.state == state
-
-    await wait_for(check, timeout, what=f"event {event_id} {state}")
-    return await runtime.store.get(event_id)
 
 
 def files_under(root: Path):

@@ -6,18 +6,16 @@ connections.
 """
 
 import asyncio
-import json
 import time
 
 import pytest
 from structlog.testing import capture_logs
 
 from receiver.app import Runtime
-from receiver.config import parse_settings
-from receiver.signature import webhook_headers
-from receiver.simulator import Simulator
-from tests.helpers import wait_for
-from tests.postgres import TcpProxy, fresh_schema, require_postgres, terminate_backends
+from tests.support.helpers import wait_for
+from tests.support.pipeline import download_sink, fast_settings, signed
+from tests.support.postgres import TcpProxy, fresh_schema, require_postgres, terminate_backends
+from tests.support.upstream import serve_upstream
 
 SECRET = "whsec_outage"
 API_KEY = "service_" + "cd" * 32
@@ -25,10 +23,7 @@ API_KEY = "service_" + "cd" * 32
 
 @pytest.fixture
 async def upstream(aiohttp_server):
-    sim = Simulator(api_key=API_KEY, seed=5)
-    server = await aiohttp_server(sim.create_app())
-    sim.base_url = str(server.make_url("/v1"))
-    return sim
+    return await serve_upstream(aiohttp_server, api_key=API_KEY, seed=5)
 
 
 @pytest.fixture
@@ -39,37 +34,20 @@ async def schema():
 
 
 def make_settings(tmp_path, upstream, store):
-    return parse_settings(
-        {
-            "webhook": {"secrets": [SECRET]},
-            "api": {"base_url": upstream.base_url, "api_key": API_KEY, "timeout_seconds": 5},
-            "store": {"pool_size": 4, "timeout_seconds": 2, **store},
-            "worker": {
-                # A settle or release cut off by the outage leaves its claim until the lease
-                # ends: keep it short so the test sees the takeover.
-                "lease_seconds": 5,
-                "backoff_initial_seconds": 0.05,
-                "backoff_max_seconds": 0.2,
-                "poll_interval_seconds": 0.05,
-            },
-            "sinks": [
-                {
-                    "name": "files",
-                    "type": "download",
-                    "directory": str(tmp_path / "dl"),
-                    "allow_private_networks": True,
-                }
-            ],
-        },
-        env={},
+    return fast_settings(
+        upstream,
+        secret=SECRET,
+        api_key=API_KEY,
+        store={"pool_size": 4, "timeout_seconds": 2, **store},
+        sinks=[download_sink(tmp_path / "dl")],
+        # A settle or release cut off by the outage leaves its claim until the lease ends: keep
+        # it short so the test sees the takeover.
+        worker={"lease_seconds": 5},
     )
 
 
 async def send(client, payload):
-    body = json.dumps(payload).encode()
-    headers = webhook_headers(
-        SECRET, body, int(time.time()), event_id=payload["id"], event_name=payload["event"]
-    )
+    body, headers = signed(payload, SECRET)
     response = await client.post("/webhooks", data=body, headers=headers)
     await response.read()
     return response.status
@@ -143,7 +121,7 @@ async def test_database_down_intake_answers_503_workers_back_off_and_resume(
 async def test_dropped_connections_mid_traffic_never_answer_2xx_for_a_lost_event(
     aiohttp_client, tmp_path, upstream, schema
 ):
-    from tests.postgres import url_with
+    from tests.support.postgres import url_with
 
     name = "receiver-outage-" + schema[-8:]
     settings = make_settings(

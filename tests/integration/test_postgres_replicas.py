@@ -19,10 +19,10 @@ import asyncpg
 import pytest
 
 from receiver.signature import webhook_headers
-from receiver.simulator import Simulator
 from receiver.sinks.download import safe_component
-from tests.helpers import ReceiverProcess, free_port, wait_for, write_config
-from tests.postgres import POSTGRES_URL, fresh_schema, require_postgres, url_with
+from tests.support.helpers import ReceiverProcess, free_port, wait_for, write_config
+from tests.support.postgres import POSTGRES_URL, fresh_schema, require_postgres, url_with
+from tests.support.upstream import serve_upstream
 
 SECRET = "whsec_replicas"
 API_KEY = "service_" + "7a" * 32
@@ -34,10 +34,7 @@ IN_FLIGHT = 24  # events being sent at once (each to two replicas)
 
 @pytest.fixture
 async def upstream(aiohttp_server):
-    sim = Simulator(api_key=API_KEY, seed=17)
-    server = await aiohttp_server(sim.create_app())
-    sim.base_url = str(server.make_url("/v1"))
-    return sim
+    return await serve_upstream(aiohttp_server, api_key=API_KEY, seed=17)
 
 
 @pytest.fixture

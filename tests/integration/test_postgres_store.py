@@ -18,8 +18,8 @@ import pytest
 from receiver.errors import StoreUnavailable, UnknownEvent
 from receiver.store import NewEvent, Outcome
 from receiver.store.postgres import SCHEMA_VERSION, PostgresStore
-from tests.helpers import free_port, wait_for
-from tests.postgres import (
+from tests.support.helpers import free_port, wait_for
+from tests.support.postgres import (
     POSTGRES_URL,
     TcpProxy,
     fresh_schema,

@@ -8,25 +8,20 @@ import uuid
 import pytest
 import redis.asyncio as aioredis
 
-from receiver.config import parse_settings
 from receiver.errors import PermanentError, TransientError
 from receiver.sinks.redis import RedisStreamSink, marker_key
-from tests.conftest import require_service
-from tests.helpers import free_port
-from tests.peers import LocalServer, enriched_event
+from tests.support.helpers import free_port
+from tests.support.peers import LocalServer, enriched_event
+from tests.support.services import require_service
+from tests.support.sinks import opened_sinks, sink_settings
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 def redis_sink(url=REDIS_URL, **options):
-    settings = parse_settings(
-        {
-            "webhook": {"secrets": ["x"]},
-            "sinks": [{"name": "stream", "type": "redis", "url": url, **options}],
-        },
-        env={},
+    return RedisStreamSink(
+        sink_settings("stream", "redis", url=url, **options), default_dedup_seconds=3600
     )
-    return RedisStreamSink(settings.sinks[0], default_dedup_seconds=3600)
 
 
 @pytest.fixture
@@ -50,17 +45,8 @@ async def redis():
 
 @pytest.fixture
 async def opened():
-    sinks = []
-
-    async def make(**kwargs):
-        sink = redis_sink(**kwargs)
-        await sink.open()
-        sinks.append(sink)
-        return sink
-
-    yield make
-    for sink in sinks:
-        await sink.close()
+    async with opened_sinks(redis_sink) as make:
+        yield make
 
 
 async def test_entry_fields_are_event_id_event_and_data(redis, opened):

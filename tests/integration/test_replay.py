@@ -11,8 +11,8 @@ import pytest
 
 from receiver.app import Runtime
 from receiver.config import parse_settings
-from tests.helpers import ROOT, write_config
-from tests.integration.test_cli import assert_one_clean_line, run_cli
+from tests.support.cli import assert_one_clean_line, run_cli
+from tests.support.helpers import ROOT, write_config
 
 SECRET = "whsec_replay"
 STAGING_SECRET = "whsec_staging"

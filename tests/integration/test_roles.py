@@ -3,8 +3,8 @@
 import aiohttp
 import pytest
 
-from receiver.simulator import Simulator
-from tests.helpers import ReceiverProcess, free_port, post_webhook, wait_for, write_config
+from tests.support.helpers import ReceiverProcess, free_port, post_webhook, wait_for, write_config
+from tests.support.upstream import serve_upstream
 
 SECRET = "whsec_roles"
 API_KEY = "service_" + "9a" * 32
@@ -12,10 +12,7 @@ API_KEY = "service_" + "9a" * 32
 
 @pytest.fixture
 async def upstream(aiohttp_server):
-    sim = Simulator(api_key=API_KEY, seed=5)
-    server = await aiohttp_server(sim.create_app())
-    sim.base_url = str(server.make_url("/v1"))
-    return sim
+    return await serve_upstream(aiohttp_server, api_key=API_KEY, seed=5)
 
 
 def config(path, upstream):

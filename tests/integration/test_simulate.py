@@ -12,8 +12,8 @@ from receiver.app import Runtime
 from receiver.config import parse_settings
 from receiver.simulator.delivery import DeliveryFaults
 from receiver.simulator.run import SUMMARY_PATH, SimulateOptions, Simulation, render_summary
-from tests.helpers import free_port, wait_for
-from tests.integration.test_cli import assert_one_clean_line, run_cli
+from tests.support.cli import assert_one_clean_line, run_cli
+from tests.support.helpers import free_port, wait_for
 
 SECRET = "whsec_simulate"
 API_KEY = "service_" + "5a" * 32

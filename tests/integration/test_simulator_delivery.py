@@ -23,7 +23,7 @@ from receiver.simulator.delivery import (
     retry_delays,
 )
 from receiver.simulator.sender import WebhookSender
-from tests.helpers import free_port, wait_for
+from tests.support.helpers import free_port, wait_for
 
 SECRET = "whsec_simulated"
 NOW = 1_800_000_000.0

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT, free_port, write_config
+from tests.support.helpers import ROOT, free_port, write_config
 
 ALL_SINKS = [
     {

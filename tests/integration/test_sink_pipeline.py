@@ -12,6 +12,7 @@ import json
 import sys
 import time
 import uuid
+from functools import partial
 
 import aio_pika
 import nats
@@ -19,12 +20,14 @@ import pytest
 import redis.asyncio as aioredis
 
 from receiver.app import Runtime
-from receiver.config import parse_settings
-from receiver.signature import verify, webhook_headers
-from receiver.simulator import Simulator
-from tests.conftest import require_service
-from tests.helpers import free_port, wait_for
-from tests.peers import Capture, LocalServer
+from receiver.signature import verify
+from tests.support.helpers import free_port, wait_for
+from tests.support.peers import Capture, LocalServer
+from tests.support.pipeline import fast_settings
+from tests.support.pipeline import send as send_signed
+from tests.support.pipeline import settled as wait_settled
+from tests.support.services import require_service
+from tests.support.upstream import serve_upstream
 
 SECRET = "whsec_sinks"
 API_KEY = "service_" + "ef" * 32
@@ -33,10 +36,7 @@ SINK_SECRET = "internal-consumer-secret"
 
 @pytest.fixture
 async def upstream(aiohttp_server):
-    sim = Simulator(api_key=API_KEY, seed=11)
-    server = await aiohttp_server(sim.create_app())
-    sim.base_url = str(server.make_url("/v1"))
-    return sim
+    return await serve_upstream(aiohttp_server, api_key=API_KEY, seed=11)
 
 
 @pytest.fixture
@@ -53,20 +53,13 @@ def captures(aiohttp_server):
 
 
 def settings_for(tmp_path, upstream, sinks, **worker):
-    return parse_settings(
-        {
-            "webhook": {"secrets": [SECRET]},
-            "api": {"base_url": upstream.base_url, "api_key": API_KEY, "timeout_seconds": 5},
-            "store": {"url": f"sqlite:///{tmp_path}/inbox-{uuid.uuid4().hex[:6]}.db"},
-            "worker": {
-                "backoff_initial_seconds": 0.05,
-                "backoff_max_seconds": 0.2,
-                "poll_interval_seconds": 0.05,
-                **worker,
-            },
-            "sinks": sinks,
-        },
-        env={},
+    return fast_settings(
+        upstream,
+        secret=SECRET,
+        api_key=API_KEY,
+        store={"url": f"sqlite:///{tmp_path}/inbox-{uuid.uuid4().hex[:6]}.db"},
+        sinks=sinks,
+        worker=worker,
     )
 
 
@@ -91,22 +84,8 @@ async def receiver(aiohttp_client, tmp_path, upstream):
         await runtime.close()
 
 
-async def send(client, payload):
-    body = json.dumps(payload).encode()
-    headers = webhook_headers(
-        SECRET, body, int(time.time()), event_id=payload["id"], event_name=payload["event"]
-    )
-    response = await client.post("/webhooks", data=body, headers=headers)
-    assert response.status == 200, await response.text()
-
-
-async def settled(runtime, event_id, state="done", timeout=20.0):
-    async def check():
-        record = await runtime.store.get(event_id)
-        return record is not None and record.state == state
-
-    await wait_for(check, timeout, what=f"event {event_id} {state}")
-    return await runtime.store.get(event_id)
+send = partial(send_signed, secret=SECRET)
+settled = partial(wait_settled, timeout=20.0)
 
 
 def deliveries(record):

@@ -14,7 +14,7 @@ import pytest
 from receiver.config import StoreSettings
 from receiver.store import NewEvent
 from receiver.store.sqlite import SqliteStore
-from tests.helpers import wait_for
+from tests.support.helpers import wait_for
 
 BODY = b"x" * 800
 

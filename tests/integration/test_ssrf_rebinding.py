@@ -14,7 +14,7 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from receiver.config import SinkSettings
 from receiver.errors import PermanentError
 from receiver.sinks.download import DownloadSink
-from tests.integration.test_download_sink import PNG, enriched, loopback_is_public, ref
+from tests.support.downloads import PNG, enriched, loopback_is_public, ref
 
 
 class RebindingResolver(AbstractResolver):

@@ -21,7 +21,7 @@ from receiver.store import NewEvent, Outcome, Store
 from receiver.store.base import DeliveryState
 from receiver.store.memory import MemoryStore
 from receiver.store.sqlite import SqliteStore
-from tests.postgres import fresh_schema, require_postgres, store_settings
+from tests.support.postgres import fresh_schema, require_postgres, store_settings
 
 T0 = 1_700_000_000.0
 LEASE = 60.0

@@ -13,17 +13,15 @@ from receiver.simulator import Simulator
 from receiver.simulator.sender import WebhookSender
 from receiver.upstream import UpstreamClient
 from receiver.watchdog import Watchdog
-from tests.helpers import free_port, wait_for
+from tests.support.helpers import free_port, wait_for
+from tests.support.upstream import serve_upstream
 
 API_KEY = "service_" + "cd" * 32
 
 
 @pytest.fixture
 async def upstream(aiohttp_server) -> Simulator:
-    sim = Simulator(api_key=API_KEY, seed=21)
-    server = await aiohttp_server(sim.create_app())
-    sim.base_url = str(server.make_url("/v1"))
-    return sim
+    return await serve_upstream(aiohttp_server, api_key=API_KEY, seed=21)
 
 
 def settings_for(sim: Simulator, **api):

@@ -11,8 +11,9 @@ import uuid
 import pytest
 
 from receiver.simulator import Simulator
-from tests.helpers import ReceiverProcess, free_port, post_webhook, wait_for, write_config
-from tests.integration.test_cli import assert_one_clean_line, run_cli
+from tests.support.cli import assert_one_clean_line, run_cli
+from tests.support.helpers import ReceiverProcess, free_port, post_webhook, wait_for, write_config
+from tests.support.upstream import serve_upstream
 
 API_KEY = "service_" + "ef" * 32
 OLD_SECRET = "whsec_before_rotation"
@@ -20,10 +21,7 @@ OLD_SECRET = "whsec_before_rotation"
 
 @pytest.fixture
 async def upstream(aiohttp_server) -> Simulator:
-    sim = Simulator(api_key=API_KEY, seed=31)
-    server = await aiohttp_server(sim.create_app())
-    sim.base_url = str(server.make_url("/v1"))
-    return sim
+    return await serve_upstream(aiohttp_server, api_key=API_KEY, seed=31)
 
 
 def config(tmp_path, sim: Simulator | None, *, secrets_file=True, api_key=API_KEY, **extra):

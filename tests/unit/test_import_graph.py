@@ -137,3 +137,22 @@ def test_type_checking_imports_are_not_edges() -> None:
 def test_the_event_model_depends_on_nothing_in_receiver() -> None:
     """Config checks, templates and sinks all name the event types: they must stay at the root."""
     assert import_graph()["receiver.events"] == set()
+
+
+def test_no_test_module_imports_another_test_module() -> None:
+    """Shared helpers live in tests/support; a test module or conftest is never imported."""
+    tests = ROOT.parent / "tests"
+    offenders = []
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                last = name.rsplit(".", 1)[-1]
+                if name.startswith("tests.") and (last.startswith("test_") or last == "conftest"):
+                    offenders.append(f"{path.relative_to(tests)} imports {name}")
+    assert not offenders, offenders

@@ -5,7 +5,7 @@ import textwrap
 import tomllib
 
 from receiver.config import parse_settings
-from tests.helpers import ROOT
+from tests.support.helpers import ROOT
 
 HERE = ROOT / "deploy" / "kubernetes-postgres"
 SECRET_ENV = {

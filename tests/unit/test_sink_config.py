@@ -9,7 +9,7 @@ from receiver.errors import ConfigError
 from receiver.sinks.checks import default_stream_subjects
 from receiver.sinks.exec import child_environment, command_limit
 from receiver.sinks.template import field_names, render, template_problems
-from tests.peers import enriched_event
+from tests.support.peers import enriched_event
 
 MINIMAL_SINKS = [
     {"name": "r", "type": "redis", "url": "redis://127.0.0.1:6379/0", "stream": "events"},
@@ -226,7 +226,7 @@ def test_config_example_documents_every_sink_type_and_key():
     import tomllib
 
     from receiver.sinks.registry import SINK_TYPES
-    from tests.helpers import ROOT
+    from tests.support.helpers import ROOT
 
     text = (ROOT / "config.example.toml").read_text()
     uncommented = [

@@ -15,8 +15,8 @@ from contextlib import asynccontextmanager
 from urllib.parse import urlsplit
 
 from receiver.config import StoreSettings
-from tests.conftest import require_service
-from tests.helpers import free_port
+from tests.support.helpers import free_port
+from tests.support.services import require_service
 
 POSTGRES_URL = os.environ.get(
     "RECEIVER_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"

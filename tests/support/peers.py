@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import signal
 import subprocess
 import time
 from dataclasses import dataclass
@@ -21,7 +20,8 @@ import pytest
 from aiohttp import web
 
 from receiver.events import Enriched
-from tests.conftest import service_reachable
+from tests.support.helpers import stop_process
+from tests.support.services import service_reachable
 
 
 @dataclass
@@ -118,13 +118,7 @@ class LocalServer:
             time.sleep(0.05)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_process(self.proc)
         self.proc = None
 
 

@@ -1,0 +1,1 @@
+"""What the tests share: stand-ins, fixtures and helpers. No test module imports another."""

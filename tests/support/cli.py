@@ -1,0 +1,36 @@
+"""Running the ``receiver`` command as a user does, and checking its one-line errors."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.support.helpers import ROOT
+
+
+async def run_cli(
+    *args: str, env: dict[str, str] | None = None, cwd: str | Path | None = None
+) -> tuple[int | None, str, str]:
+    """``python -m receiver ARGS``: (exit code, stdout, stderr)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "receiver",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, **(env or {})},
+        cwd=cwd or ROOT,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode, out.decode(), err.decode()
+
+
+def assert_one_clean_line(err: Any) -> None:
+    """stderr holds ``receiver: ...`` lines only, never a traceback."""
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) >= 1
+    assert all(line.startswith("receiver: ") for line in err.strip().splitlines())
