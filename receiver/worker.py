@@ -31,7 +31,7 @@ import structlog
 from receiver.config import Settings
 from receiver.enrich import Enricher
 from receiver.errors import DeliveryError, StoreError, TransientError, UnknownEvent
-from receiver.lanes import Finish, Lane, Snapshots, policy_for
+from receiver.lanes import Finish, Lane, LaneContext, Snapshots, policy_for
 from receiver.logs import get_logger
 from receiver.metrics import Metrics
 from receiver.retry import RetryPolicy
@@ -74,8 +74,18 @@ class Worker:
             max_attempts=worker.max_attempts,
         )
         self._finish = Finish(metrics, clock)
-        snapshots = Snapshots(
-            store=store, enricher=enricher, max_age=worker.job_max_age_seconds, clock=clock
+        context = LaneContext(
+            store=store,
+            snapshots=Snapshots(
+                store=store, enricher=enricher, max_age=worker.job_max_age_seconds, clock=clock
+            ),
+            enricher=enricher,
+            metrics=metrics,
+            finish=self._finish,
+            owner=self.owner,
+            lease_seconds=self._lease,
+            poll_seconds=self._poll,
+            clock=clock,
         )
         self.lanes: dict[str, Lane] = {
             sink.name: Lane(
@@ -92,15 +102,7 @@ class Worker:
                     maximum=worker.backoff_max_seconds,
                     max_attempts=settings.sink_max_attempts(sink.settings),
                 ),
-                store=store,
-                snapshots=snapshots,
-                enricher=enricher,
-                metrics=metrics,
-                finish=self._finish,
-                owner=self.owner,
-                lease_seconds=self._lease,
-                poll_seconds=self._poll,
-                clock=clock,
+                context=context,
             )
             for sink in sinks
         }

@@ -10,48 +10,21 @@ from __future__ import annotations
 import asyncio
 import time
 
-import pytest
-
 from receiver.app import Runtime
 from tests.helpers import wait_for
 from tests.integration.test_sink_pipeline import (
-    API_KEY,
     SINK_SECRET,
     captures,
+    receiver,
     send,
-    settings_for,
+    upstream,
 )
 from tests.peers import Capture
 
-__all__ = ["captures"]  # a fixture, used by name
+__all__ = ["captures", "receiver", "upstream"]  # fixtures, used by name
 
 JOB_CALLS = "GET /v1/jobs/{id}"
 ASSET_CALLS = "GET /v1/assets/{id}"
-
-
-@pytest.fixture
-async def upstream(aiohttp_server):
-    from receiver.simulator import Simulator
-
-    sim = Simulator(api_key=API_KEY, seed=5)
-    server = await aiohttp_server(sim.create_app())
-    sim.base_url = str(server.make_url("/v1"))
-    return sim
-
-
-@pytest.fixture
-async def receiver(aiohttp_client, tmp_path, upstream):
-    runtimes: list[Runtime] = []
-
-    async def start(sinks, **worker):
-        runtime = Runtime(settings_for(tmp_path, upstream, sinks, **worker))
-        await runtime.__aenter__()
-        runtimes.append(runtime)
-        return runtime, await aiohttp_client(runtime.public_app())
-
-    yield start
-    for runtime in runtimes:
-        await runtime.close()
 
 
 def http(name: str, capture: Capture, **options):
