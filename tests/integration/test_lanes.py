@@ -8,6 +8,7 @@ Peers are real aiohttp servers; the upstream is the simulator.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 from receiver.app import Runtime
@@ -17,6 +18,7 @@ from tests.integration.test_sink_pipeline import (
     captures,
     receiver,
     send,
+    settings_for,
     upstream,
 )
 from tests.peers import Capture
@@ -175,3 +177,47 @@ async def test_an_expired_file_url_fetches_that_asset_again_not_the_job(
     assert upstream.requests[JOB_CALLS] == 1
     assert upstream.requests[ASSET_CALLS] > len(payload["asset_ids"])
     assert len(list((tmp_path / "dl").rglob("*.png"))) == len(payload["asset_ids"])
+
+
+async def test_deliveries_to_a_sink_no_longer_configured_are_dead(
+    aiohttp_client, tmp_path, upstream, captures
+):
+    from receiver.store.base import NewEvent, Snapshot
+    from receiver.store.memory import MemoryStore
+
+    one = await captures()
+    store = MemoryStore()
+    fetched, unfetched = upstream.add_job("image"), upstream.add_job("image")
+    for payload in (fetched, unfetched):
+        await store.add_event(
+            NewEvent(
+                id=payload["id"],
+                event="job.completed",
+                job_id=payload["job_id"],
+                body=json.dumps(payload).encode(),
+                headers={},
+                received_at=time.time(),
+                sinks=("gone", "one"),
+            )
+        )
+    # One event already has its job: only the sweep of unknown sinks can settle "gone".
+    job = {"id": fetched["job_id"], "status": "completed"}
+    await store.save_snapshot(fetched["id"], Snapshot(job, (), time.time()), now=time.time())
+    settings = settings_for(tmp_path, upstream, [http("one", one)])
+    async with Runtime(settings, store=store):
+
+        async def both_settled() -> bool:
+            records = [await store.get(p["id"]) for p in (fetched, unfetched)]
+            return all(r is not None and r.state == "dead" for r in records)
+
+        await wait_for(both_settled, 20, what="both events settled")
+        for payload in (fetched, unfetched):
+            record = await store.get(payload["id"])
+            assert record is not None
+            gone, kept = record.deliveries
+            assert (gone.sink, gone.state, gone.last_error) == (
+                "gone",
+                "dead",
+                "sink gone is no longer configured",
+            )
+            assert (kept.sink, kept.state) == ("one", "done")
