@@ -988,10 +988,7 @@ async def _lock_event(conn: Any, event_id: str) -> None:
 
 async def _recompute(conn: Any, event_ids: list[str]) -> dict[str, EventState]:
     """Set each event's state from its deliveries (:func:`rules.event_state`); the new states."""
-    by_event: dict[str, list[str]] = {event_id: [] for event_id in event_ids}
-    for row in await conn.fetch(SELECT_DELIVERY_STATES, event_ids):
-        by_event[row["event_id"]].append(row["state"])
-    states = {event_id: rules.event_state(found) for event_id, found in by_event.items()}
+    states = rules.event_states(event_ids, await conn.fetch(SELECT_DELIVERY_STATES, event_ids))
     await conn.execute(SET_EVENT_STATES, list(states), list(states.values()))
     return states
 

@@ -15,7 +15,7 @@ Claims order candidates by ``(next_attempt_at, event_id)`` for deliveries and
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -87,6 +87,16 @@ def event_state(delivery_states: Iterable[str]) -> EventState:
     if "dead" in states:
         return "dead"
     return "done"
+
+
+def event_states(
+    event_ids: Iterable[str], delivery_rows: Iterable[Sequence[str]]
+) -> dict[str, EventState]:
+    """Each event's state from ``(event_id, delivery state)`` rows of its deliveries."""
+    found: dict[str, list[str]] = {event_id: [] for event_id in event_ids}
+    for event_id, state in delivery_rows:
+        found[event_id].append(state)
+    return {event_id: event_state(states) for event_id, states in found.items()}
 
 
 def new_event_values(has_sinks: bool, received_at: float) -> tuple[EventState, float | None]:

@@ -1094,11 +1094,8 @@ async def _require_event(conn: aiosqlite.Connection, event_id: str) -> None:
 
 async def _recompute(conn: aiosqlite.Connection, event_ids: list[str]) -> dict[str, EventState]:
     """Set each event's state from its deliveries (:func:`rules.event_state`); the new states."""
-    by_event: dict[str, list[str]] = {event_id: [] for event_id in event_ids}
     rows = await conn.execute_fetchall(SELECT_DELIVERY_STATES, (json.dumps(event_ids),))
-    for event_id, state in rows:
-        by_event[event_id].append(state)
-    states = {event_id: rules.event_state(found) for event_id, found in by_event.items()}
+    states = rules.event_states(event_ids, rows)
     await conn.executemany(SET_EVENT_STATE, [(s, event_id, s) for event_id, s in states.items()])
     return states
 
