@@ -87,14 +87,16 @@ async def test_the_job_is_fetched_once_per_event_whatever_the_number_of_sinks(
     )
 
 
-async def test_a_hanging_and_a_paced_sink_delay_only_themselves(receiver, upstream, captures):
+async def test_a_hanging_and_a_paced_sink_delay_only_themselves(
+    receiver, upstream, captures, aiohttp_client
+):
     fast, hanging, chat = await captures(), await captures(), await captures()
     hanging.hold = asyncio.Event()  # never answers
     rate = 4.0
     runtime, client = await receiver(
         [
             http("fast", fast),
-            http("hanging", hanging, timeout_seconds=5),
+            http("hanging", hanging, timeout_seconds=10),
             slack("chat", chat, rate_limit_per_second=rate),
         ]
     )
@@ -117,6 +119,24 @@ async def test_a_hanging_and_a_paced_sink_delay_only_themselves(receiver, upstre
 
     async def chat_done() -> bool:
         return await done_count(runtime, "chat", ids) == len(ids)
+
+    ops = await aiohttp_client(runtime.ops_app())
+    lanes = {lane["sink"]: lane for lane in (await (await ops.get("/admin/lanes")).json())["data"]}
+    assert lanes["chat"]["rate_limit_per_second"] == rate
+    assert lanes["fast"] == {
+        "sink": "fast",
+        "type": "http",
+        "concurrency": 8,
+        "rate_limit_per_second": 0.0,
+        "backlog": 0,
+        "oldest_due_seconds": 0.0,
+        "in_flight": 0,
+    }
+    assert lanes["hanging"]["in_flight"] > 0
+    await runtime.refresh_gauges()
+    metric = runtime.metrics.registry.get_sample_value
+    assert metric("receiver_sink_backlog", {"sink": "fast"}) == 0
+    assert metric("receiver_sink_in_flight", {"sink": "hanging"}) > 0
 
     await wait_for(chat_done, 30, what="the paced sink done")
     # One token of burst, then `rate` a second (the send times carry a little jitter).
