@@ -53,7 +53,13 @@ async def test_download_sink_outage_drains_the_backlog_after_recovery(
         tmp_path,
         secret=SECRET,
         api_key=API_KEY,
-        worker={"concurrency": 8, "max_attempts": 1000, "backoff_max_seconds": 0.4},
+        worker={
+            "concurrency": 8,
+            "max_attempts": 1000,
+            "backoff_max_seconds": 0.4,
+            # Failures open the sink's circuit: its lane pauses, then probes (short here).
+            "circuit_pause_seconds": 0.2,
+        },
     )
     payloads = [sim.add_job("image") for _ in range(EVENTS)]
     async with Runtime(settings) as runtime:
@@ -90,7 +96,9 @@ async def test_download_sink_outage_drains_the_backlog_after_recovery(
         f"refused, {retries:.0f} retried deliveries, {duplicates} duplicate downloads "
         f"({duplicates / len(expected):.0%} of the files)"
     )
-    assert retries and retries >= EVENTS
+    # Deliveries failed during the outage; once the circuit opened, the lane stopped trying
+    # each one and probed instead, so not every event had to fail first.
+    assert retries and retries >= 5
     # At-least-once costs re-downloads only of files whose event failed on another file: on the
     # order of the files written, never a multiple of them.
     assert 0 <= duplicates <= len(expected)
