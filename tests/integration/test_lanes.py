@@ -12,25 +12,21 @@ import json
 import time
 
 from receiver.app import Runtime
-from tests.helpers import wait_for
-from tests.integration.test_sink_pipeline import (
-    SINK_SECRET,
+from tests.support.helpers import wait_for
+from tests.support.peers import Capture
+from tests.support.receivers import (
     captures,
+    http,
     receiver,
     send,
     settings_for,
     upstream,
 )
-from tests.peers import Capture
 
 __all__ = ["captures", "receiver", "upstream"]  # fixtures, used by name
 
 JOB_CALLS = "GET /v1/jobs/{id}"
 ASSET_CALLS = "GET /v1/assets/{id}"
-
-
-def http(name: str, capture: Capture, **options):
-    return {"name": name, "type": "http", "url": capture.url, "secret": SINK_SECRET, **options}
 
 
 def slack(name: str, capture: Capture, **options):
