@@ -37,7 +37,8 @@ class Capture:
 
     ``script`` holds ``(status, headers)`` answers used in order; once it is empty every request
     gets ``status`` (200). While ``hold`` is set, requests wait until it is released, and
-    ``in_flight`` / ``max_in_flight`` show how many arrived at once.
+    ``in_flight`` / ``max_in_flight`` show how many arrived at once. ``arrivals`` holds each
+    request's arrival time (``time.monotonic()``), in order.
     """
 
     def __init__(self) -> None:
@@ -48,6 +49,7 @@ class Capture:
         self.in_flight = 0
         self.max_in_flight = 0
         self.answers: list[int] = []
+        self.arrivals: list[float] = []
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -58,6 +60,7 @@ class Capture:
         self.script.extend([(status, {})] * count)
 
     async def handle(self, request: web.Request) -> web.Response:
+        self.arrivals.append(time.monotonic())
         body = await request.read()
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
