@@ -158,16 +158,6 @@ def lane_gauges(metrics_text: str) -> dict[str, dict[str, float]]:
     return lanes
 
 
-def max_in_window(times: list[float], window: float) -> int:
-    """The most arrivals in any half-open interval of ``window`` seconds."""
-    best, start = 0, 0
-    for end, t in enumerate(times):
-        while t - times[start] >= window:
-            start += 1
-        best = max(best, end - start + 1)
-    return best
-
-
 async def get_json(session: aiohttp.ClientSession, url: str) -> Any:
     async with session.get(url) as response:
         return await response.json()
@@ -241,7 +231,7 @@ async def run_round(args: argparse.Namespace, work: Path, *, slow: bool) -> Roun
         result.upstream_calls = sum(sum(api.get(route, {}).values()) for route in UPSTREAM_ROUTES)
         result.peak_rss = peak_rss_mb(receiver.pid())
         result.chat_messages = len(peers.chat.arrivals)
-        result.chat_max_in_window = max_in_window(peers.chat.arrivals, WINDOW_SECONDS)
+        result.chat_max_in_window = peers.chat.most_in_window(WINDOW_SECONDS)
         result.hang_attempts = len(peers.hang.arrivals)
     finally:
         await asyncio.to_thread(simulator.stop)

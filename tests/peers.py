@@ -56,6 +56,15 @@ class Capture:
         app.router.add_route("*", "/{tail:.*}", self.handle)
         return app
 
+    def most_in_window(self, seconds: float) -> int:
+        """The most requests that arrived within any ``seconds`` (half-open): a pace check."""
+        best, start = 0, 0
+        for end, arrived in enumerate(self.arrivals):
+            while arrived - self.arrivals[start] >= seconds:
+                start += 1
+            best = max(best, end - start + 1)
+        return best
+
     def fail_times(self, count: int, status: int = 500) -> None:
         self.script.extend([(status, {})] * count)
 
