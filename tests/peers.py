@@ -50,6 +50,7 @@ class Capture:
         self.max_in_flight = 0
         self.answers: list[int] = []
         self.arrivals: list[float] = []
+        self.url = ""  # where the test serves it, set by the test
 
     def app(self) -> web.Application:
         app = web.Application()

@@ -16,6 +16,7 @@ import pytest
 from receiver.signature import webhook_headers
 from receiver.simulator import Simulator
 from tests.helpers import free_port, write_config
+from tests.peers import Capture
 
 SECRET = "whsec_faults_" + "5e" * 12
 API_KEY = "service_" + "fa" * 32
@@ -29,10 +30,54 @@ async def upstream(aiohttp_server: Any) -> Simulator:
     return sim
 
 
+class SlowPeers:
+    """Sinks beside the download one: a consumer that answers at once (fast), a chat server
+    behind a paced lane, and an endpoint that never answers (its attempts end at a timeout)."""
+
+    def __init__(self, consumer: Capture, chat: Capture, hang: Capture) -> None:
+        self.consumer, self.chat, self.hang = consumer, chat, hang
+
+    def sinks(self) -> list[dict[str, Any]]:
+        return [
+            {"name": "consumer", "type": "http", "url": self.consumer.url, "secret": "c" * 24},
+            {
+                "name": "chat",
+                "type": "slack",
+                "format": "slack",
+                "url": self.chat.url,
+                "rate_limit_per_second": 2,
+            },
+            {
+                "name": "stuck",
+                "type": "http",
+                "url": self.hang.url,
+                "secret": "s" * 24,
+                "timeout_seconds": 1,
+                "max_attempts": 1000,
+            },
+        ]
+
+
+@pytest.fixture(params=["download only", "beside paced and hanging sinks"])
+async def slow_peers(request: Any, aiohttp_server: Any) -> Any:
+    """``None`` (the download sink alone), or the :class:`SlowPeers` configured beside it."""
+    if request.param == "download only":
+        yield None
+        return
+    captures = [Capture(), Capture(), Capture()]
+    captures[2].hold = asyncio.Event()
+    for capture in captures:
+        server = await aiohttp_server(capture.app())
+        capture.url = str(server.make_url("/in"))
+    yield SlowPeers(*captures)
+    captures[2].hold.set()
+
+
 def receiver_config(
     tmp_path: Path,
     upstream: Simulator,
     *,
+    slow_peers: SlowPeers | None = None,
     lease: float = 5,
     drain: float = 2.0,
     server: dict[str, Any] | None = None,
@@ -69,7 +114,8 @@ def receiver_config(
                     "type": "download",
                     "directory": "downloads",
                     "allow_private_networks": True,
-                }
+                },
+                *(slow_peers.sinks() if slow_peers else []),
             ],
         },
     )
