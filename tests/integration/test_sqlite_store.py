@@ -153,7 +153,8 @@ async def test_migrates_an_empty_file_and_reopens_an_existing_one(tmp_path: Path
         tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
     finally:
         conn.close()
-    assert {"events", "deliveries", "events_due", "events_state_received"} <= tables
+    assert {"events", "deliveries", "lanes", "events_enrich", "deliveries_due"} <= tables
+    assert "events_state_received" in tables
 
     async with opened(path) as store:
         assert (await store.pragmas())["user_version"] == SCHEMA_VERSION
@@ -203,8 +204,14 @@ async def test_claim_and_prune_use_their_indexes(tmp_path: Path) -> None:
     conn = sqlite3.connect(path)
     try:
         claim = {"owner": "w", "expires": 1.0, "now": 1.0, "limit": 1}
+        lane = {**claim, "sink": "alpha"}
         plans = {
-            "claim": conn.execute("EXPLAIN QUERY PLAN " + sqlite_module.CLAIM, claim).fetchall(),
+            "enrich": conn.execute(
+                "EXPLAIN QUERY PLAN " + sqlite_module.CLAIM_ENRICHMENT, claim
+            ).fetchall(),
+            "claim": conn.execute(
+                "EXPLAIN QUERY PLAN " + sqlite_module.CLAIM_DELIVERIES, lane
+            ).fetchall(),
             "prune": conn.execute(
                 "EXPLAIN QUERY PLAN " + sqlite_module.PRUNE_BATCH, (1.0, 10)
             ).fetchall(),
@@ -215,8 +222,9 @@ async def test_claim_and_prune_use_their_indexes(tmp_path: Path) -> None:
     finally:
         conn.close()
     text = {name: " | ".join(row[3] for row in rows) for name, rows in plans.items()}
-    assert "USING INDEX events_due (state=? AND next_attempt_at<?)" in text["claim"]
-    assert "TEMP B-TREE" not in text["claim"]
+    assert "USING INDEX events_enrich (enrich_at<?)" in text["enrich"]
+    assert "USING INDEX deliveries_due (sink=? AND next_attempt_at<?)" in text["claim"]
+    assert "TEMP B-TREE" not in text["claim"] + text["enrich"]
     assert "events_state_received (state=? AND received_at<?)" in text["prune"]
     assert "SCAN events" not in text["add"]
 
