@@ -317,6 +317,7 @@ def test_every_dashboard_and_alert_expression_runs_on_real_metrics(stack):
         "Inbox by state",
         "Events by outcome",
         "Deliveries by sink and outcome",
+        "Deliveries by outcome",  # the lane row's
         "Upstream requests by status",
         "Upstream latency",
         "Event lag (receipt to last delivery)",
