@@ -230,9 +230,9 @@ async def run_round(args: argparse.Namespace, work: Path, *, slow: bool) -> Roun
         api = summary["api"]
         result.upstream_calls = sum(sum(api.get(route, {}).values()) for route in UPSTREAM_ROUTES)
         result.peak_rss = peak_rss_mb(receiver.pid())
-        result.chat_messages = len(peers.chat.arrivals)
+        result.chat_messages = len(peers.chat.times)
         result.chat_max_in_window = peers.chat.most_in_window(WINDOW_SECONDS)
-        result.hang_attempts = len(peers.hang.arrivals)
+        result.hang_attempts = len(peers.hang.times)
     finally:
         await asyncio.to_thread(simulator.stop)
         await asyncio.to_thread(receiver.stop)

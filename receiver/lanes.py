@@ -285,8 +285,8 @@ class Lane:
             lane = LaneResult(self.policy, kind, started, pause)
             if error is None:
                 faults.reached("after_sink_success")
-                await self._settle(record, Outcome("done"), "success", lane)
                 log.info("delivered", sink=self.name, attempt=attempt)
+                await self._settle(record, Outcome("done"), "success", lane)
                 return
             if pause is not None:
                 log.warning("lane paused by the destination", sink=self.name, seconds=pause)

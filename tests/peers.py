@@ -37,7 +37,7 @@ class Capture:
 
     ``script`` holds ``(status, headers)`` answers used in order; once it is empty every request
     gets ``status`` (200). While ``hold`` is set, requests wait until it is released, and
-    ``in_flight`` / ``max_in_flight`` show how many arrived at once. ``arrivals`` holds each
+    ``in_flight`` / ``max_in_flight`` show how many arrived at once. ``times`` holds each
     request's arrival time (``time.monotonic()``), in order.
     """
 
@@ -49,7 +49,7 @@ class Capture:
         self.in_flight = 0
         self.max_in_flight = 0
         self.answers: list[int] = []
-        self.arrivals: list[float] = []
+        self.times: list[float] = []  # time.monotonic() as each request arrived
         self.url = ""  # where the test serves it, set by the test
 
     def app(self) -> web.Application:
@@ -60,8 +60,8 @@ class Capture:
     def most_in_window(self, seconds: float) -> int:
         """The most requests that arrived within any ``seconds`` (half-open): a pace check."""
         best, start = 0, 0
-        for end, arrived in enumerate(self.arrivals):
-            while arrived - self.arrivals[start] >= seconds:
+        for end, arrived in enumerate(self.times):
+            while arrived - self.times[start] >= seconds:
                 start += 1
             best = max(best, end - start + 1)
         return best
@@ -70,8 +70,8 @@ class Capture:
         self.script.extend([(status, {})] * count)
 
     async def handle(self, request: web.Request) -> web.Response:
-        self.arrivals.append(time.monotonic())
         body = await request.read()
+        self.times.append(time.monotonic())
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:

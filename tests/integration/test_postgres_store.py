@@ -489,3 +489,49 @@ async def test_a_hung_database_is_store_unavailable_within_the_timeout(schema: s
 async def test_a_malformed_url_is_named_as_such(url: str) -> None:
     with pytest.raises(StoreUnavailable, match="is not a usable Postgres url"):
         await PostgresStore(store_settings("receiver_unused", url=url)).open()
+
+
+async def test_a_version_1_inbox_keeps_its_events_and_enriches_the_pending_ones(
+    schema: str,
+) -> None:
+    from receiver.store.postgres import MIGRATIONS
+
+    conn = await asyncpg.connect(POSTGRES_URL)
+    try:
+        await conn.execute(f'CREATE SCHEMA "{schema}"')
+        await conn.execute(f'SET search_path = "{schema}"')
+        async with conn.transaction():
+            for statement in MIGRATIONS[0].statements:
+                await conn.execute(statement)
+            await conn.execute(
+                "CREATE TABLE receiver_schema_migrations (version integer PRIMARY KEY, "
+                "description text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            await conn.execute("INSERT INTO receiver_schema_migrations VALUES (1, 'v1')")
+            await conn.execute(
+                "INSERT INTO events (id, event, job_id, body, headers, received_at, state, "
+                "next_attempt_at, lease_owner, lease_expires_at) VALUES "
+                "('ev-1', 'job.completed', 'job-1', '\\x7b7d', '{}', $1, 'pending', $2, "
+                "'old', $3)",
+                T0,
+                T0 + 5,
+                T0 + 60,
+            )
+            await conn.execute(
+                "INSERT INTO deliveries (event_id, sink, state, attempts, next_attempt_at, "
+                "last_error, updated_at) VALUES ('ev-1', 'beta', 'pending', 2, $1, 'boom', $1)",
+                T0 + 5,
+            )
+    finally:
+        await conn.close()
+
+    store = PostgresStore(store_settings(schema))
+    await store.open()
+    try:
+        assert await fetchval(schema, "SELECT max(version) FROM receiver_schema_migrations") == 2
+        records = await store.claim_enrichment(owner="w", limit=5, lease_seconds=60, now=T0 + 1)
+        assert [r.id for r in records] == ["ev-1"]
+        [beta] = records[0].deliveries
+        assert (beta.state, beta.attempts, beta.last_error) == ("pending", 2, "boom")
+    finally:
+        await store.close()

@@ -390,3 +390,44 @@ def test_open_store_other_schemes(monkeypatch: pytest.MonkeyPatch) -> None:
     for url in ("postgresql://localhost/db", "postgres://localhost/db"):
         with pytest.raises(ConfigError, match=r"pip install 'receiver\[postgres\]'"):
             open_store(StoreSettings(url=url))
+
+
+# -- the lanes migration ------------------------------------------------------------------------
+
+V1_EVENT = (
+    "INSERT INTO events (id, event, job_id, body, headers, received_at, state, next_attempt_at, "
+    "lease_owner, lease_expires_at) VALUES (?, 'job.completed', 'job-1', X'7B7D', '{}', ?, ?, ?, "
+    "?, ?)"
+)
+V1_DELIVERY = (
+    "INSERT INTO deliveries (event_id, sink, state, attempts, next_attempt_at, last_error, "
+    "updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+async def test_a_version_1_inbox_keeps_its_events_and_enriches_the_pending_ones(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "inbox.db"
+    conn = sqlite3.connect(path)
+    try:
+        for statement in sqlite_module.SCHEMA_V1:
+            conn.execute(statement)
+        conn.execute(V1_EVENT, ("ev-1", T0, "pending", T0 + 5, "old-worker", T0 + 60))
+        conn.execute(V1_DELIVERY, ("ev-1", "alpha", "done", 1, None, None, T0))
+        conn.execute(V1_DELIVERY, ("ev-1", "beta", "pending", 2, T0 + 5, "boom", T0))
+        conn.execute(V1_EVENT, ("ev-2", T0, "done", None, None, None))
+        conn.execute(V1_DELIVERY, ("ev-2", "alpha", "done", 1, None, None, T0))
+        conn.commit()
+    finally:
+        conn.close()
+
+    async with opened(path) as store:
+        assert (await store.pragmas())["user_version"] == SCHEMA_VERSION == 2
+        # The old claim is gone with the old worker; the pending event is fetched afresh.
+        records = await store.claim_enrichment(owner="w", limit=5, lease_seconds=60, now=T0 + 1)
+        assert [r.id for r in records] == ["ev-1"]
+        beta = records[0].deliveries[1]
+        assert (beta.state, beta.attempts, beta.last_error) == ("pending", 2, "boom")
+        done = await store.get("ev-2")
+        assert done is not None and done.state == "done" and done.snapshot is None
