@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any, Protocol
 
 from receiver.errors import NotReady, TransientError
-from receiver.sinks.base import Enriched, FileRef
+from receiver.events import Enriched, FileRef
 from receiver.store.base import EventRecord, Snapshot
 
 UNFINISHED_JOB_STATES = frozenset({"pending", "processing"})

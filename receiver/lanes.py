@@ -37,10 +37,11 @@ from receiver.errors import (
     UnknownEvent,
     UrlRefused,
 )
+from receiver.events import Enriched
 from receiver.logs import get_logger
 from receiver.metrics import Metrics
 from receiver.retry import RetryPolicy
-from receiver.sinks.base import Enriched, Sink
+from receiver.sinks.base import Sink
 from receiver.store.base import (
     DeliveryKey,
     EventRecord,

@@ -58,9 +58,11 @@ def test_token_bucket_refills_at_the_rate_up_to_the_burst() -> None:
     granted = rules.grant(policy, state, T0, 10)
     assert granted.count == 3 and granted.token_bound
     state, retry_at = rules.after_claim(policy, granted, 3, T0, 60)
-    assert state.tokens == pytest.approx(0) and retry_at == pytest.approx(T0 + 0.5)
-    assert rules.grant(policy, state, T0 + 0.4, 10).count == 0
-    assert rules.grant(policy, state, T0 + 1.0, 10).count == 2
+    # A hair slower than the rate: the next token after 0.5 s / PACE.
+    assert state.tokens == pytest.approx(0) and retry_at == pytest.approx(T0 + 0.5 / rules.PACE)
+    assert rules.grant(policy, state, T0 + 0.5, 10).count == 0
+    assert rules.grant(policy, state, T0 + 0.506, 10).count == 1
+    assert rules.grant(policy, state, T0 + 1.02, 10).count == 2
     assert rules.grant(policy, state, T0 + 100, 10).count == 3  # never more than the burst
     # Fewer due than granted: only what was taken is spent, and no token wait is suggested.
     granted = rules.grant(policy, state, T0 + 100, 10)

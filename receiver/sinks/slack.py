@@ -23,7 +23,8 @@ from typing import Any
 import aiohttp
 
 from receiver.config import SinkSettings
-from receiver.sinks.base import Enriched, SinkContext
+from receiver.events import Enriched
+from receiver.sinks.base import SinkContext
 from receiver.sinks.posting import origin, post
 from receiver.sinks.template import asset_urls, event_fields, render
 
