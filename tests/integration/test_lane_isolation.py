@@ -230,7 +230,10 @@ async def test_a_paced_and_a_hanging_sink_hold_back_neither_fast_sink(
 
         ratio = beside / alone
         ratios.append(f"{beside:.2f} s beside the slow sinks vs {alone:.2f} s alone")
-        print(f"lanes: fast sinks {alone:.2f} s alone, {beside:.2f} s beside ({ratio:.2f}x)")
+        print(
+            f"lanes: fast sinks {alone:.2f} s alone, {beside:.2f} s beside ({ratio:.2f}x); chat "
+            f"at most {chat.most_in_window(WINDOW)} in {WINDOW:g} s at {CHAT_RATE:g}/s"
+        )
         # The slow lanes were busy all along, at their own pace: the chat sink within its rate,
         # the hanging sink's attempts cut by its timeout.
         assert len(chat.times) >= 3, "the paced chat lane sent (almost) nothing"
@@ -271,7 +274,10 @@ async def test_two_replicas_on_one_postgres_hold_a_lane_to_its_rate_together(
         by_replica = [delivered(runtime, "chat") for runtime, _ in replicas]
         for runtime, _client in replicas:
             await runtime.close()
-    print(f"lanes: two replicas sent {by_replica} chat messages in {elapsed:.1f} s at {rate}/s")
+    print(
+        f"lanes: two replicas sent {by_replica} chat messages in {elapsed:.1f} s at {rate:g}/s, "
+        f"at most {chat.most_in_window(window)} in {window:g} s"
+    )
     # Each replica pacing on its own would send twice as many.
     assert chat.most_in_window(window) <= allowed_in_window(rate, window), chat.times
     assert sent <= allowed_in_window(rate, elapsed), (sent, elapsed)
