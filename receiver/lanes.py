@@ -169,6 +169,21 @@ class Snapshots:
                 self._latest.clear()
 
 
+@dataclass(frozen=True)
+class LaneContext:
+    """What every lane of one worker shares."""
+
+    store: Store
+    snapshots: Snapshots
+    enricher: Enricher
+    metrics: Metrics
+    finish: Finish
+    owner: str
+    lease_seconds: float
+    poll_seconds: float
+    clock: Callable[[], float] = time.time
+
+
 class Lane:
     """One sink's lane in this process: claims what the lane may send, sends, settles."""
 
@@ -179,30 +194,22 @@ class Lane:
         policy: LanePolicy,
         concurrency: int,
         retry: RetryPolicy,
-        store: Store,
-        snapshots: Snapshots,
-        enricher: Enricher,
-        metrics: Metrics,
-        finish: Finish,
-        owner: str,
-        lease_seconds: float,
-        poll_seconds: float,
-        clock: Callable[[], float] = time.time,
+        context: LaneContext,
     ) -> None:
         self.sink = sink
         self.name = sink.name
         self.policy = policy
         self.concurrency = concurrency
         self._retry = retry
-        self._store = store
-        self._snapshots = snapshots
-        self._enricher = enricher
-        self._metrics = metrics
-        self._finish = finish
-        self._owner = owner
-        self._lease = lease_seconds
-        self._poll = poll_seconds
-        self._clock = clock
+        self._store = context.store
+        self._snapshots = context.snapshots
+        self._enricher = context.enricher
+        self._metrics = metrics = context.metrics
+        self._finish = context.finish
+        self._owner = context.owner
+        self._lease = context.lease_seconds
+        self._poll = context.poll_seconds
+        self._clock = context.clock
         self._wake = asyncio.Event()
         self.in_flight: dict[DeliveryKey, asyncio.Task[None]] = {}
         self._in_flight_gauge = metrics.sink_in_flight.labels(sink.name)

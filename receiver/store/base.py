@@ -187,6 +187,16 @@ def event_records(
     ]
 
 
+def leased(record: EventRecord, sink: str) -> Leased:
+    """``record`` with its delivery to ``sink`` (which it has), as a claim hands it out."""
+    return Leased(record, next(d for d in record.deliveries if d.sink == sink))
+
+
+def lane_row(state: LaneState) -> tuple[Any, ...]:
+    """A lane's state in the column order of the SQL backends' ``lanes`` table."""
+    return (state.tokens, state.refilled_at, state.paused_until, state.failures, state.opened_at)
+
+
 @dataclass(frozen=True)
 class Outcome:
     """How one delivery attempt ended, as the worker settles it.

@@ -25,6 +25,7 @@ from receiver.store.base import (
     NewEvent,
     Outcome,
     Snapshot,
+    leased,
 )
 
 
@@ -226,7 +227,7 @@ class MemoryStore:
         for _at, _id, ev, d in due[: granted.count]:
             d.lease_owner, d.lease_expires_at = owner, now + lease_seconds
             record = ev.record()
-            taken.append(Leased(record, next(r for r in record.deliveries if r.sink == d.sink)))
+            taken.append(leased(record, d.sink))
         new_state, retry_at = rules.after_claim(policy, granted, len(taken), now, lease_seconds)
         self._lanes[policy.sink] = new_state
         if len(taken) < granted.count:

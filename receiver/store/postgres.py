@@ -7,10 +7,13 @@ processes write at once:
   two replicas storing the same event at the same moment both succeed, one row exists, and
   exactly one of them is told the event is new.
 - Claims lock candidate rows with ``FOR UPDATE SKIP LOCKED``, so replicas never wait for each
-  other nor take the same event; a lease still bounds how long a claim lives.
-- Each new event sends ``NOTIFY receiver_new_events`` (payload: the schema) in the inserting
-  statement; :meth:`PostgresStore.on_new_events` LISTENs on a connection of its own and wakes
-  idle workers at once. Polling stays the fallback while that connection is down.
+  other nor take the same event or delivery; a lease still bounds how long a claim lives.
+- A lane's claim first locks that sink's row in ``lanes`` (``FOR UPDATE``): its tokens, pause
+  and circuit are read and written in the claim's transaction, so replicas together keep to
+  the sink's rate. Other lanes' claims never wait for it.
+- Each new event, and each event whose job was fetched, sends ``NOTIFY receiver_new_events``
+  (payload: the schema); :meth:`PostgresStore.on_new_events` LISTENs on a connection of its own
+  and wakes idle workers at once. Polling stays the fallback while that connection is down.
 - Settling, redelivering and recomputing an event lock its row first, so two deliveries of one
   event settled on two connections cannot both miss the other's result.
 - Schema migrations are numbered, recorded in ``receiver_schema_migrations`` and applied under a
@@ -49,12 +52,13 @@ from receiver.store.base import (
     LaneResult,
     LaneState,
     LaneStats,
-    Leased,
     Leases,
     NewEvent,
     Outcome,
     Snapshot,
     event_records,
+    lane_row,
+    leased,
 )
 
 T = TypeVar("T")
@@ -714,7 +718,7 @@ class PostgresStore:
         finished: Mapping[str, Outcome] | None = None,
         now: float,
     ) -> EventState:
-        settles = [_settle_args(event_id, sink, o, now) for sink, o in (finished or {}).items()]
+        settles = [rules.settle_row(event_id, sink, o, now) for sink, o in (finished or {}).items()]
 
         async def run(conn: Any) -> EventState:
             await _lock_event(conn, event_id)
@@ -736,7 +740,7 @@ class PostgresStore:
             await conn.execute(FAIL_ENRICHMENT, event_id, error, retry_at)
             outcome = rules.enrichment_failed(error, retry_at)
             for row in await conn.fetch(SELECT_PENDING_SINKS, event_id):
-                await conn.execute(SETTLE, *_settle_args(event_id, row["sink"], outcome, now))
+                await conn.execute(SETTLE, *rules.settle_row(event_id, row["sink"], outcome, now))
             return (await _recompute(conn, [event_id]))[event_id]
 
         return await self._run(run, transaction=True)
@@ -757,14 +761,14 @@ class PostgresStore:
                 )
             new_state, retry_at = rules.after_claim(policy, granted, len(rows), now, lease_seconds)
             if new_state != state:
-                await conn.execute(UPDATE_LANE, policy.sink, *_lane_values(new_state))
+                await conn.execute(UPDATE_LANE, policy.sink, *lane_row(new_state))
             if len(rows) < granted.count:
                 retry_at = rules.earliest(retry_at, await conn.fetchval(NEXT_DUE, policy.sink, now))
             if not rows:
                 return LaneClaim((), retry_at)
             order = {r["event_id"]: (r["next_attempt_at"], r["event_id"]) for r in rows}
             records = sorted(await _records(conn, list(order)), key=lambda e: order[e.id])
-            return LaneClaim(tuple(_leased(e, policy.sink) for e in records), retry_at)
+            return LaneClaim(tuple(leased(e, policy.sink) for e in records), retry_at)
 
         return await self._run(run, transaction=True)
 
@@ -819,7 +823,7 @@ class PostgresStore:
         now: float,
         lane: LaneResult | None = None,
     ) -> EventState:
-        args = _settle_args(event_id, sink, outcome, now)
+        args = rules.settle_row(event_id, sink, outcome, now)
 
         async def run(conn: Any) -> EventState:
             unknown = UnknownEvent(f"no delivery {sink!r} for event {event_id!r}")
@@ -976,18 +980,9 @@ async def _records(conn: Any, event_ids: list[str]) -> list[EventRecord]:
     return await _with_deliveries(conn, await conn.fetch(SELECT_EVENTS, event_ids))
 
 
-def _leased(record: EventRecord, sink: str) -> Leased:
-    return Leased(record, next(d for d in record.deliveries if d.sink == sink))
-
-
 async def _lock_event(conn: Any, event_id: str) -> None:
     if await conn.fetchval(LOCK_EVENT, event_id) is None:
         raise UnknownEvent(f"no event {event_id!r} in the inbox")
-
-
-def _settle_args(event_id: str, sink: str, outcome: Outcome, now: float) -> tuple[Any, ...]:
-    v = rules.settle_values(outcome, now)
-    return (v.state, v.attempts_add, v.next_attempt_at, v.last_error, now, event_id, sink)
 
 
 async def _recompute(conn: Any, event_ids: list[str]) -> dict[str, EventState]:
@@ -1004,16 +999,12 @@ def _keys(leases: Leases) -> tuple[list[str], list[str]]:
     return [k.event_id for k in leases.deliveries], [k.sink for k in leases.deliveries]
 
 
-def _lane_values(state: LaneState) -> tuple[Any, ...]:
-    return (state.tokens, state.refilled_at, state.paused_until, state.failures, state.opened_at)
-
-
 async def _lane(conn: Any, policy: LanePolicy, now: float) -> LaneState:
     """The lane's row, locked until the transaction ends (created full when missing)."""
     row = await conn.fetchrow(LOCK_LANE, policy.sink)
     if row is None:
         fresh = rules.fresh_lane(policy, now)
-        await conn.execute(INSERT_LANE, policy.sink, *_lane_values(fresh))
+        await conn.execute(INSERT_LANE, policy.sink, *lane_row(fresh))
         row = await conn.fetchrow(LOCK_LANE, policy.sink)
     return LaneState(*row)
 
@@ -1027,4 +1018,4 @@ async def _lane_result(conn: Any, sink: str, result: LaneResult, now: float) -> 
     state = await _lane(conn, result.policy, now)
     changed = rules.after_result(state, result, now)
     if changed is not None:
-        await conn.execute(UPDATE_LANE, sink, *_lane_values(changed))
+        await conn.execute(UPDATE_LANE, sink, *lane_row(changed))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from receiver.store.base import (
     DeliveryState,
@@ -68,6 +69,13 @@ def settle_values(outcome: Outcome, now: float) -> SettleValues:
         next_attempt_at=nxt,
         last_error=None if outcome.state == "done" else outcome.error,
     )
+
+
+def settle_row(event_id: str, sink: str, outcome: Outcome, now: float) -> tuple[Any, ...]:
+    """:func:`settle_values` as the SQL backends' settle parameters: state, attempts to add,
+    next attempt, last error, updated at, event id, sink."""
+    v = settle_values(outcome, now)
+    return (v.state, v.attempts_add, v.next_attempt_at, v.last_error, now, event_id, sink)
 
 
 def event_state(delivery_states: Iterable[str]) -> EventState:

@@ -41,12 +41,13 @@ from receiver.store.base import (
     LaneResult,
     LaneState,
     LaneStats,
-    Leased,
     Leases,
     NewEvent,
     Outcome,
     Snapshot,
     event_records,
+    lane_row,
+    leased,
 )
 from receiver.store.batching import GroupCommit
 
@@ -838,7 +839,7 @@ class SqliteStore:
         finished: Mapping[str, Outcome] | None = None,
         now: float,
     ) -> EventState:
-        settles = [_settle_args(event_id, sink, o, now) for sink, o in (finished or {}).items()]
+        settles = [rules.settle_row(event_id, sink, o, now) for sink, o in (finished or {}).items()]
         args = (snapshot.to_json(), snapshot.fetched_at, event_id, snapshot.fetched_at)
 
         async def run(conn: aiosqlite.Connection) -> EventState:
@@ -858,7 +859,7 @@ class SqliteStore:
             await conn.execute(FAIL_ENRICHMENT, (error, retry_at, event_id))
             outcome = rules.enrichment_failed(error, retry_at)
             for (sink,) in await conn.execute_fetchall(SELECT_PENDING_SINKS, (event_id,)):
-                await conn.execute(SETTLE, _settle_args(event_id, sink, outcome, now))
+                await conn.execute(SETTLE, rules.settle_row(event_id, sink, outcome, now))
             return (await _recompute(conn, [event_id]))[event_id]
 
         return await self._write_tx(run)
@@ -886,7 +887,7 @@ class SqliteStore:
                 rows = list(await conn.execute_fetchall(CLAIM_DELIVERIES, params))
             new_state, retry_at = rules.after_claim(policy, granted, len(rows), now, lease_seconds)
             if new_state != state:
-                await conn.execute(UPSERT_LANE, (policy.sink, *_lane_values(new_state)))
+                await conn.execute(UPSERT_LANE, (policy.sink, *lane_row(new_state)))
             if len(rows) < granted.count:
                 ((nxt,),) = await conn.execute_fetchall(NEXT_DUE, (policy.sink, now))
                 retry_at = rules.earliest(retry_at, nxt)
@@ -894,7 +895,7 @@ class SqliteStore:
                 return LaneClaim((), retry_at)
             order = {row[0]: (row[1], row[0]) for row in rows}
             records = sorted(await _records(conn, list(order)), key=lambda e: order[e.id])
-            return LaneClaim(tuple(_leased(e, policy.sink) for e in records), retry_at)
+            return LaneClaim(tuple(leased(e, policy.sink) for e in records), retry_at)
 
         return await self._write_tx(run)
 
@@ -950,7 +951,7 @@ class SqliteStore:
         now: float,
         lane: LaneResult | None = None,
     ) -> EventState:
-        args = _settle_args(event_id, sink, outcome, now)
+        args = rules.settle_row(event_id, sink, outcome, now)
 
         async def run(conn: aiosqlite.Connection) -> EventState:
             if (await conn.execute(SETTLE, args)).rowcount == 0:
@@ -960,7 +961,7 @@ class SqliteStore:
                 current = await _lane(conn, lane.policy, now)
                 changed = rules.after_result(current, lane, now)
                 if changed is not None:
-                    await conn.execute(UPSERT_LANE, (sink, *_lane_values(changed)))
+                    await conn.execute(UPSERT_LANE, (sink, *lane_row(changed)))
             return state
 
         return await self._write_tx(run)
@@ -1085,18 +1086,9 @@ async def _records(conn: aiosqlite.Connection, event_ids: list[str]) -> list[Eve
     return await _with_deliveries(conn, list(rows))
 
 
-def _leased(record: EventRecord, sink: str) -> Leased:
-    return Leased(record, next(d for d in record.deliveries if d.sink == sink))
-
-
 async def _require_event(conn: aiosqlite.Connection, event_id: str) -> None:
     if not await conn.execute_fetchall(EVENT_EXISTS, (event_id,)):
         raise UnknownEvent(f"no event {event_id!r} in the inbox")
-
-
-def _settle_args(event_id: str, sink: str, outcome: Outcome, now: float) -> tuple[Any, ...]:
-    v = rules.settle_values(outcome, now)
-    return (v.state, v.attempts_add, v.next_attempt_at, v.last_error, now, event_id, sink)
 
 
 async def _recompute(conn: aiosqlite.Connection, event_ids: list[str]) -> dict[str, EventState]:
@@ -1108,10 +1100,6 @@ async def _recompute(conn: aiosqlite.Connection, event_ids: list[str]) -> dict[s
     states = {event_id: rules.event_state(found) for event_id, found in by_event.items()}
     await conn.executemany(SET_EVENT_STATE, [(s, event_id, s) for event_id, s in states.items()])
     return states
-
-
-def _lane_values(state: LaneState) -> tuple[Any, ...]:
-    return (state.tokens, state.refilled_at, state.paused_until, state.failures, state.opened_at)
 
 
 async def _lane(conn: aiosqlite.Connection, policy: LanePolicy, now: float) -> LaneState:

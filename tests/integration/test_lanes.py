@@ -8,50 +8,25 @@ Peers are real aiohttp servers; the upstream is the simulator.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
-
-import pytest
 
 from receiver.app import Runtime
 from tests.helpers import wait_for
 from tests.integration.test_sink_pipeline import (
-    API_KEY,
     SINK_SECRET,
     captures,
+    receiver,
     send,
     settings_for,
+    upstream,
 )
 from tests.peers import Capture
 
-__all__ = ["captures"]  # a fixture, used by name
+__all__ = ["captures", "receiver", "upstream"]  # fixtures, used by name
 
 JOB_CALLS = "GET /v1/jobs/{id}"
 ASSET_CALLS = "GET /v1/assets/{id}"
-
-
-@pytest.fixture
-async def upstream(aiohttp_server):
-    from receiver.simulator import Simulator
-
-    sim = Simulator(api_key=API_KEY, seed=5)
-    server = await aiohttp_server(sim.create_app())
-    sim.base_url = str(server.make_url("/v1"))
-    return sim
-
-
-@pytest.fixture
-async def receiver(aiohttp_client, tmp_path, upstream):
-    runtimes: list[Runtime] = []
-
-    async def start(sinks, **worker):
-        runtime = Runtime(settings_for(tmp_path, upstream, sinks, **worker))
-        await runtime.__aenter__()
-        runtimes.append(runtime)
-        return runtime, await aiohttp_client(runtime.public_app())
-
-    yield start
-    for runtime in runtimes:
-        await runtime.close()
 
 
 def http(name: str, capture: Capture, **options):
@@ -202,3 +177,47 @@ async def test_an_expired_file_url_fetches_that_asset_again_not_the_job(
     assert upstream.requests[JOB_CALLS] == 1
     assert upstream.requests[ASSET_CALLS] > len(payload["asset_ids"])
     assert len(list((tmp_path / "dl").rglob("*.png"))) == len(payload["asset_ids"])
+
+
+async def test_deliveries_to_a_sink_no_longer_configured_are_dead(
+    aiohttp_client, tmp_path, upstream, captures
+):
+    from receiver.store.base import NewEvent, Snapshot
+    from receiver.store.memory import MemoryStore
+
+    one = await captures()
+    store = MemoryStore()
+    fetched, unfetched = upstream.add_job("image"), upstream.add_job("image")
+    for payload in (fetched, unfetched):
+        await store.add_event(
+            NewEvent(
+                id=payload["id"],
+                event="job.completed",
+                job_id=payload["job_id"],
+                body=json.dumps(payload).encode(),
+                headers={},
+                received_at=time.time(),
+                sinks=("gone", "one"),
+            )
+        )
+    # One event already has its job: only the sweep of unknown sinks can settle "gone".
+    job = {"id": fetched["job_id"], "status": "completed"}
+    await store.save_snapshot(fetched["id"], Snapshot(job, (), time.time()), now=time.time())
+    settings = settings_for(tmp_path, upstream, [http("one", one)])
+    async with Runtime(settings, store=store):
+
+        async def both_settled() -> bool:
+            records = [await store.get(p["id"]) for p in (fetched, unfetched)]
+            return all(r is not None and r.state == "dead" for r in records)
+
+        await wait_for(both_settled, 20, what="both events settled")
+        for payload in (fetched, unfetched):
+            record = await store.get(payload["id"])
+            assert record is not None
+            gone, kept = record.deliveries
+            assert (gone.sink, gone.state, gone.last_error) == (
+                "gone",
+                "dead",
+                "sink gone is no longer configured",
+            )
+            assert (kept.sink, kept.state) == ("one", "done")
