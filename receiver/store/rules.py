@@ -117,6 +117,7 @@ class Grant:
 
     count: int
     state: LaneState
+    before: LaneState
     token_bound: bool = False
     paused_until: float | None = None
 
@@ -125,18 +126,18 @@ def grant(policy: LanePolicy, state: LaneState, now: float, wanted: int) -> Gran
     """What the lane allows of ``wanted`` claims: nothing while paused; one probe while its
     circuit is open (the pause over); else as many as it has whole tokens (all, unpaced)."""
     if wanted <= 0:
-        return Grant(0, state)
+        return Grant(0, state, state)
     if state.paused_until > now:
-        return Grant(0, state, paused_until=state.paused_until)
+        return Grant(0, state, state, paused_until=state.paused_until)
     if state.opened_at is not None:
         wanted = 1
     if policy.rate <= 0:
-        return Grant(wanted, state)
+        return Grant(wanted, state, state)
     elapsed = max(0.0, now - state.refilled_at)
     tokens = min(policy.burst, state.tokens + elapsed * policy.rate * PACE)
     count = min(wanted, int(tokens + _EPSILON))
     refilled = replace(state, tokens=tokens, refilled_at=max(now, state.refilled_at))
-    return Grant(count, refilled, token_bound=count < wanted)
+    return Grant(count, refilled, state, token_bound=count < wanted)
 
 
 def after_claim(
@@ -144,10 +145,11 @@ def after_claim(
 ) -> tuple[LaneState, float | None]:
     """The lane's state once ``taken`` deliveries were claimed, and when it may claim again if
     its tokens ran short (None: whenever there is work). A probe keeps the lane paused until
-    its result (or its lease) is in."""
-    state = granted.state
+    its result (or its lease) is in. A claim that took nothing leaves the state as it was (the
+    refill is a function of time: nothing to write)."""
     if granted.paused_until is not None:
-        return state, granted.paused_until
+        return granted.before, granted.paused_until
+    state = granted.state
     if policy.rate > 0 and taken:
         state = replace(state, tokens=state.tokens - taken)
     if taken and state.opened_at is not None:
@@ -156,7 +158,7 @@ def after_claim(
     retry_at = None
     if policy.rate > 0 and taken == granted.count and (granted.token_bound or state.tokens < 1):
         retry_at = now + max(0.0, 1.0 - state.tokens + _EPSILON) / (policy.rate * PACE)
-    return state, retry_at
+    return (state if taken else granted.before), retry_at
 
 
 def after_result(state: LaneState, result: LaneResult, now: float) -> LaneState | None:
