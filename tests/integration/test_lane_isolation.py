@@ -41,6 +41,7 @@ WINDOW = 2.0
 HANG_TIMEOUT = 2.0
 SENDING = 16  # webhooks in flight at once
 ROUNDS = 2  # pairs of runs at most
+WARM_UP = 30  # events through a receiver before the measured runs
 
 StoreFactory = Callable[[], Awaitable[dict[str, Any]]]
 
@@ -206,6 +207,12 @@ async def test_a_paced_and_a_hanging_sink_hold_back_neither_fast_sink(
 ) -> None:
     payloads = [upstream.add_job("logo") for _ in range(EVENTS)]
     consumer = await peer()
+    # A first receiver pays for what runs once per process (imports, connection set-up, code
+    # paths taken first): a short warm-up keeps that out of the measured runs.
+    runtime, client = await receivers(await new_store(), fast_sinks(tmp_path, consumer))
+    warm_up = [upstream.add_job("logo") for _ in range(WARM_UP)]
+    await fast_sinks_seconds(runtime, client, warm_up, timeout=60)
+    await runtime.close()
     ratios: list[str] = []
     # On a machine shared with other builds one pair of runs can be unlucky: a second pair
     # decides then (a lane held back by its neighbours misses both by far).
@@ -244,7 +251,7 @@ async def test_a_paced_and_a_hanging_sink_hold_back_neither_fast_sink(
             break
     else:
         raise AssertionError(f"more than {MAX_RATIO}x: " + "; ".join(ratios))
-    assert len(consumer.requests) == 2 * EVENTS * len(ratios)
+    assert len(consumer.requests) == WARM_UP + 2 * EVENTS * len(ratios)
 
 
 async def test_two_replicas_on_one_postgres_hold_a_lane_to_its_rate_together(
