@@ -14,13 +14,14 @@ they finished, the chat lane's largest number of messages in any 10 s window, up
 per event (the simulator's counters) and the receiver's peak RSS. Each round is bounded by
 ``--timeout``; every server is stopped whatever happens::
 
-    python -m bench.lanes [--events 1000] [--rate 200] [--rounds 1] [--observe 30]
+    python -m bench.lanes [--events 1000] [--rate 200] [--rounds 3] [--slow chat,stuck]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -90,29 +91,30 @@ class Peers:
             await runner.cleanup()
 
 
-def sinks(peers: Peers, *, slow: bool, chat_rate: float, hang_timeout: float) -> list[Any]:
+def sinks(peers: Peers, *, slow: bool, args: argparse.Namespace) -> list[Any]:
     chosen: list[dict[str, Any]] = [
         {"name": "files", "type": "download", "directory": "downloads"},
         {"name": "consumer", "type": "http", "url": peers.urls["consumer"], "secret": "c" * 24},
     ]
     chosen[0]["allow_private_networks"] = True
+    slow_sinks = {
+        "chat": {
+            "name": "chat",
+            "type": "slack",
+            "format": "slack",
+            "url": peers.urls["chat"],
+            "rate_limit_per_second": args.chat_rate,
+        },
+        "stuck": {
+            "name": "stuck",
+            "type": "http",
+            "url": peers.urls["hang"],
+            "secret": "s" * 24,
+            "timeout_seconds": args.hang_timeout,
+        },
+    }
     if slow:
-        chosen += [
-            {
-                "name": "chat",
-                "type": "slack",
-                "format": "slack",
-                "url": peers.urls["chat"],
-                "rate_limit_per_second": chat_rate,
-            },
-            {
-                "name": "stuck",
-                "type": "http",
-                "url": peers.urls["hang"],
-                "secret": "s" * 24,
-                "timeout_seconds": hang_timeout,
-            },
-        ]
+        chosen += [slow_sinks[name] for name in args.slow]
     return chosen
 
 
@@ -125,6 +127,7 @@ class Round:
     last_2xx: float | None = None
     upstream_calls: int = 0
     peak_rss: float = 0.0
+    cpu_seconds: float = 0.0
     chat_max_in_window: int = 0
     chat_messages: int = 0
     hang_attempts: int = 0
@@ -158,6 +161,12 @@ def lane_gauges(metrics_text: str) -> dict[str, dict[str, float]]:
     return lanes
 
 
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time the process has used so far (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def get_json(session: aiohttp.ClientSession, url: str) -> Any:
     async with session.get(url) as response:
         return await response.json()
@@ -177,7 +186,7 @@ async def run_round(args: argparse.Namespace, work: Path, *, slow: bool) -> Roun
         port=port,
         admin_port=admin_port,
         base_url=f"http://127.0.0.1:{sim_port}/v1",
-        sinks=sinks(peers, slow=slow, chat_rate=args.chat_rate, hang_timeout=args.hang_timeout),
+        sinks=sinks(peers, slow=slow, args=args),
     )
     receiver = Server(
         "receiver",
@@ -230,6 +239,7 @@ async def run_round(args: argparse.Namespace, work: Path, *, slow: bool) -> Roun
         api = summary["api"]
         result.upstream_calls = sum(sum(api.get(route, {}).values()) for route in UPSTREAM_ROUTES)
         result.peak_rss = peak_rss_mb(receiver.pid())
+        result.cpu_seconds = cpu_seconds(receiver.pid())
         result.chat_messages = len(peers.chat.times)
         result.chat_max_in_window = peers.chat.most_in_window(WINDOW_SECONDS)
         result.hang_attempts = len(peers.hang.times)
@@ -254,7 +264,15 @@ async def bench(args: argparse.Namespace) -> int:
                 print(f"  round {n + 1}: {label} ...", flush=True)
                 rounds.append(await run_round(args, work, slow=slow))
     table = Table(
-        ["set-up", "last 2xx", "fast sinks done", "after last 2xx", "upstream calls/event", "RSS"]
+        [
+            "set-up",
+            "last 2xx",
+            "fast sinks done",
+            "after last 2xx",
+            "upstream calls/event",
+            "receiver CPU",
+            "RSS",
+        ]
     )
     for r in rounds:
         tail = None if r.fast_done is None or r.last_2xx is None else r.fast_done - r.last_2xx
@@ -264,6 +282,7 @@ async def bench(args: argparse.Namespace) -> int:
             seconds(r.fast_done),
             seconds(tail),
             f"{r.upstream_calls / args.events:.2f}",
+            f"{r.cpu_seconds:.1f} s",
             f"{r.peak_rss:.0f} MiB peak",
         )
     print(table.render())
@@ -300,8 +319,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=200.0, help="events/s the simulator sends")
     parser.add_argument("--chat-rate", type=float, default=1.0, help="the chat lane's pace")
     parser.add_argument("--hang-timeout", type=float, default=10.0, help="the hanging sink's")
+    parser.add_argument(
+        "--slow",
+        type=lambda value: [v for v in value.split(",") if v],
+        default=["chat", "stuck"],
+        help="the slow sinks beside the fast ones: chat, stuck or both (default chat,stuck)",
+    )
     parser.add_argument("--observe", type=float, default=30.0, help="seconds of chat to watch")
-    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=180.0, help="per round")
     parser.add_argument("--loop", choices=("asyncio", "uvloop"), default=event_loop_name())
     parser.add_argument("--keep", action="store_true", help="keep the work directories")
