@@ -6,12 +6,13 @@
 - ``fast only``: a download sink and an http sink whose consumer (local) answers at once;
 - ``with slow sinks``: the same two, plus a slack-format chat sink paced at ``--chat-rate``
   (1 message/s) to a local capture server, and an http sink whose endpoint never answers (each
-  attempt ends at its ``--hang-timeout``, 10 s).
+  attempt ends at its ``--hang-timeout``, 10 s); ``--slow chat`` or ``--slow stuck`` keeps
+  only one of them.
 
 Printed: the fast sinks' completion time (simulator start to every download and http delivery
 done) in each set-up and their ratio (target <= 1.25), how long after the simulator's last 2xx
 they finished, the chat lane's largest number of messages in any 10 s window, upstream API calls
-per event (the simulator's counters) and the receiver's peak RSS. Each round is bounded by
+per event (the simulator's counters), the receiver's CPU time and peak RSS. Each round is bounded by
 ``--timeout``; every server is stopped whatever happens::
 
     python -m bench.lanes [--events 1000] [--rate 200] [--rounds 3] [--slow chat,stuck]
