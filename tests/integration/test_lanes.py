@@ -221,3 +221,32 @@ async def test_deliveries_to_a_sink_no_longer_configured_are_dead(
                 "sink gone is no longer configured",
             )
             assert (kept.sink, kept.state) == ("one", "done")
+
+
+async def test_a_snapshot_older_than_job_max_age_is_fetched_again(receiver, upstream, captures):
+    one, two = await captures(), await captures()
+    runtime, client = await receiver(
+        [http("one", one), http("two", two, concurrency=1)], job_max_age_seconds=1.0
+    )
+    two.hold = asyncio.Event()  # the second sink's first delivery waits
+    first, second = upstream.add_job("image"), upstream.add_job("image")
+    await send(client, first)
+    await send(client, second)
+
+    async def one_done() -> bool:
+        return len(one.requests) == 2
+
+    await wait_for(one_done, 20, what="the first sink")
+    assert upstream.requests[JOB_CALLS] == 2  # one fetch per event, shared
+    await asyncio.sleep(1.2)  # both snapshots are now too old
+    two.hold.set()
+
+    async def two_done() -> bool:
+        return await done_count(runtime, "two", [first["id"], second["id"]]) == 2
+
+    await wait_for(two_done, 20, what="the second sink")
+    # The delivery that ran later fetched the job again (and stored what it fetched).
+    assert upstream.requests[JOB_CALLS] >= 3
+    record = await runtime.store.get(second["id"])
+    assert record is not None and record.snapshot is not None
+    assert record.snapshot.fetched_at > record.received_at + 1.0

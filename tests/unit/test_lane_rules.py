@@ -67,8 +67,8 @@ def test_token_bucket_refills_at_the_rate_up_to_the_burst() -> None:
         state,
         pytest.approx(T0 + 0.5 / rules.PACE),
     )
-    assert rules.grant(policy, state, T0 + 0.506, 10).count == 1
-    assert rules.grant(policy, state, T0 + 1.02, 10).count == 2
+    assert rules.grant(policy, state, T0 + 0.52, 10).count == 1
+    assert rules.grant(policy, state, T0 + 1.04, 10).count == 2
     assert rules.grant(policy, state, T0 + 100, 10).count == 3  # never more than the burst
     # Fewer due than granted: only what was taken is spent, and no token wait is suggested.
     granted = rules.grant(policy, state, T0 + 100, 10)
