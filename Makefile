@@ -103,7 +103,7 @@ test-postgres: $(VENV)/.installed-dev  ## the Postgres tests alone (PostgreSQL o
 # --- Benchmarks and the long fuzz run (bench/; never part of `make test`) ---------------------
 # Each benchmark measures its baselines in the same run and prints ratios; BENCH_ARGS passes
 # options through (e.g. `make bench-ingest BENCH_ARGS="--rounds 5 --loop asyncio"`).
-.PHONY: bench bench-ingest bench-scale bench-e2e bench-tools fuzz
+.PHONY: bench bench-ingest bench-scale bench-e2e bench-lanes bench-tools fuzz
 BENCH_ARGS ?=
 FUZZ_EXAMPLES ?= 100000
 
@@ -125,7 +125,10 @@ bench-scale: $(VENV)/.installed-bench bench-tools  ## 1M events stored vs empty;
 bench-e2e: $(VENV)/.installed-bench  ## events/s against a 100 ms upstream vs the concurrency bound
 	$(BIN)/python -m bench.e2e $(BENCH_ARGS)
 
-bench: bench-ingest bench-scale bench-e2e
+bench-lanes: $(VENV)/.installed-bench  ## fast sinks beside a paced and a hanging sink, vs alone
+	$(BIN)/python -m bench.lanes $(BENCH_ARGS)
+
+bench: bench-ingest bench-scale bench-e2e bench-lanes
 
 fuzz: $(VENV)/.installed-dev  ## the webhook fuzz test with $(FUZZ_EXAMPLES) requests
 	RECEIVER_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/pytest tests/hostile/test_fuzz_webhook.py \

@@ -59,16 +59,42 @@ def test_the_dashboard_shows_what_operators_watch():
         "receiver_upstream_request_seconds_bucket",  # upstream latency
         "receiver_upstream_webhook_active",
         "receiver_upstream_webhook_consecutive_failures",
+        "receiver_sink_backlog",  # each lane: waiting, oldest due, sending
+        "receiver_sink_oldest_due_seconds",
+        "receiver_sink_in_flight",
     ):
         assert metric in used, metric
     assert 'outcome=~"missing_signature|invalid_signature|stale_timestamp"' in text
     assert "sum by (sink, outcome)" in text
 
 
+def test_a_row_per_lane_repeats_by_sink():
+    rows = [p for p in DASHBOARD["panels"] if p["type"] == "row" and p.get("repeat") == "sink"]
+    assert len(rows) == 1 and "$sink" in rows[0]["title"]
+    variable = next(v for v in DASHBOARD["templating"]["list"] if v["name"] == "sink")
+    assert variable["multi"] and variable["includeAll"]
+    # The row's panels: those after it, up to the next row; each one shows the chosen lane.
+    start = DASHBOARD["panels"].index(rows[0]) + 1
+    lane = []
+    for panel in DASHBOARD["panels"][start:]:
+        if panel["type"] == "row":
+            break
+        lane.append(panel)
+    exprs = [t["expr"] for p in lane for t in p["targets"]]
+    assert all('sink=~"$sink"' in e for e in exprs)
+    used = set().union(*(metric_names(e) for e in exprs))
+    assert used == {
+        "receiver_sink_backlog",
+        "receiver_sink_oldest_due_seconds",
+        "receiver_sink_in_flight",
+        "receiver_sink_deliveries_total",
+    }
+
+
 def test_the_alerts_cover_the_failure_modes():
     yaml = require_module("yaml")
     groups = yaml.safe_load(ALERTS_YML.read_text())["groups"]
-    rules = {r["alert"]: r for g in groups for r in g["rules"]}
+    rules = {r["alert"]: r for g in groups for r in g["rules"] if "alert" in r}
     expected = {
         "ReceiverDown": "up{",
         "ReceiverSignatureFailuresSpiking": "invalid_signature",
@@ -77,6 +103,7 @@ def test_the_alerts_cover_the_failure_modes():
         "ReceiverOldestPendingTooOld": "receiver_inbox_oldest_pending_seconds",
         "ReceiverUpstreamAuthFailing": '"401|403"',
         "ReceiverUpstreamWebhookInactive": "receiver_upstream_webhook_active",
+        "ReceiverLaneBehind": "receiver_sink_oldest_due_seconds",
     }
     for name, needle in expected.items():
         assert needle in rules[name]["expr"], name

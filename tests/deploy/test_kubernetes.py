@@ -180,8 +180,8 @@ def test_the_prometheus_rule_equals_the_alert_file_and_passes_promtool(manifests
     for group in rule["spec"]["groups"]:
         assert group["name"]
         for r in group["rules"]:
-            assert set(r) <= {"alert", "expr", "for", "labels", "annotations"}
-            assert r["expr"] and r["alert"]
+            assert set(r) <= {"alert", "record", "expr", "for", "labels", "annotations"}
+            assert r["expr"] and (r.get("alert") or r.get("record"))
     promtool = require_tool("promtool")
     extracted = tmp_path / "prometheusrule-spec.yml"
     extracted.write_text(yaml.safe_dump(rule["spec"]))

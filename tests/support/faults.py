@@ -14,16 +14,46 @@ import aiohttp
 
 from receiver.simulator import Simulator
 from tests.support.helpers import free_port, write_config
+from tests.support.peers import Capture
 from tests.support.pipeline import signed
 
 SECRET = "whsec_faults_" + "5e" * 12
 API_KEY = "service_" + "fa" * 32
 
 
+class SlowPeers:
+    """Sinks beside the download one: a consumer that answers at once (fast), a chat server
+    behind a paced lane, and an endpoint that never answers (its attempts end at a timeout)."""
+
+    def __init__(self, consumer: Capture, chat: Capture, hang: Capture) -> None:
+        self.consumer, self.chat, self.hang = consumer, chat, hang
+
+    def sinks(self) -> list[dict[str, Any]]:
+        return [
+            {"name": "consumer", "type": "http", "url": self.consumer.url, "secret": "c" * 24},
+            {
+                "name": "chat",
+                "type": "slack",
+                "format": "slack",
+                "url": self.chat.url,
+                "rate_limit_per_second": 2,
+            },
+            {
+                "name": "stuck",
+                "type": "http",
+                "url": self.hang.url,
+                "secret": "s" * 24,
+                "timeout_seconds": 1,
+                "max_attempts": 1000,
+            },
+        ]
+
+
 def receiver_config(
     tmp_path: Path,
     upstream: Simulator,
     *,
+    slow_peers: SlowPeers | None = None,
     lease: float = 5,
     drain: float = 2.0,
     server: dict[str, Any] | None = None,
@@ -60,7 +90,8 @@ def receiver_config(
                     "type": "download",
                     "directory": "downloads",
                     "allow_private_networks": True,
-                }
+                },
+                *(slow_peers.sinks() if slow_peers else []),
             ],
         },
     )

@@ -37,7 +37,8 @@ class Capture:
 
     ``script`` holds ``(status, headers)`` answers used in order; once it is empty every request
     gets ``status`` (200). While ``hold`` is set, requests wait until it is released, and
-    ``in_flight`` / ``max_in_flight`` show how many arrived at once.
+    ``in_flight`` / ``max_in_flight`` show how many arrived at once. ``times`` holds each
+    request's arrival time (``time.monotonic()``), in order.
     """
 
     def __init__(self) -> None:
@@ -49,11 +50,21 @@ class Capture:
         self.max_in_flight = 0
         self.answers: list[int] = []
         self.times: list[float] = []  # time.monotonic() as each request arrived
+        self.url = ""  # where the test serves it, set by the test
 
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self.handle)
         return app
+
+    def most_in_window(self, seconds: float) -> int:
+        """The most requests that arrived within any ``seconds`` (half-open): a pace check."""
+        best, start = 0, 0
+        for end, arrived in enumerate(self.times):
+            while arrived - self.times[start] >= seconds:
+                start += 1
+            best = max(best, end - start + 1)
+        return best
 
     def fail_times(self, count: int, status: int = 500) -> None:
         self.script.extend([(status, {})] * count)
