@@ -73,9 +73,17 @@ def write_config(path: Path, data: dict[str, Any]) -> Path:
 class ReceiverProcess:
     """``receiver serve`` in a subprocess, for crash and shutdown tests."""
 
-    def __init__(self, config: Path, *, role: str = "all", cwd: Path | None = None) -> None:
+    def __init__(
+        self,
+        config: Path,
+        *,
+        role: str = "all",
+        cwd: Path | None = None,
+        args: tuple[str, ...] = (),
+    ) -> None:
         self.config = config
         self.role = role
+        self.args = args
         self.cwd = cwd or config.parent
         data = tomllib.loads(config.read_text())
         self.ops_port = data["admin"]["port"]
@@ -97,6 +105,7 @@ class ReceiverProcess:
                 str(self.config),
                 "--role",
                 self.role,
+                *self.args,
             ],
             cwd=self.cwd,
             env=env,
@@ -105,7 +114,10 @@ class ReceiverProcess:
         )
         log.close()
 
-    async def wait_ready(self, timeout: float = 20.0) -> None:
+    async def wait_ready(self, timeout: float = 20.0, *, ops_port: int | None = None) -> None:
+        """Until ``/readyz`` answers 200 on the ops listener (``ops_port``: another process's)."""
+        port = self.ops_port if ops_port is None else ops_port
+
         async def ready() -> bool:
             assert self.proc is not None
             if self.proc.poll() is not None:
@@ -113,7 +125,7 @@ class ReceiverProcess:
             try:
                 async with (
                     aiohttp.ClientSession() as s,
-                    s.get(f"http://127.0.0.1:{self.ops_port}/readyz") as r,
+                    s.get(f"http://127.0.0.1:{port}/readyz") as r,
                 ):
                     return r.status == 200
             except aiohttp.ClientError:

@@ -1,0 +1,88 @@
+"""``receiver serve --processes 2``: two intake processes on one public port (SO_REUSEPORT).
+
+Both take webhooks (each counts its own on its ops listener), SIGTERM to the first stops both,
+it exits 0, and every event that got a 2xx is in the inbox."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from receiver.simulator import Simulator
+from tests.faults.conftest import client_session, db_rows, receiver_config, signed_post
+from tests.helpers import ReceiverProcess, free_port
+
+pytestmark = pytest.mark.skipif(
+    not hasattr(socket, "SO_REUSEPORT") or sys.platform != "linux",
+    reason="SO_REUSEPORT spreads connections over processes on Linux",
+)
+
+EVENTS = 120
+
+
+def two_free_ports() -> int:
+    """A port p with p + 1 free too (the second process's ops listener)."""
+    for _ in range(50):
+        port = free_port()
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise AssertionError("no two adjacent free ports")
+
+
+async def accepted(session: aiohttp.ClientSession, ops_port: int) -> float:
+    async with session.get(f"http://127.0.0.1:{ops_port}/metrics") as response:
+        text = await response.text()
+    for line in text.splitlines():
+        if line.startswith('receiver_webhook_requests_total{outcome="accepted"}'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def test_two_intake_processes_share_the_port_and_stop_together(
+    tmp_path: Path, upstream: Simulator
+) -> None:
+    config = receiver_config(tmp_path, upstream)
+    text = config.read_text()
+    old_admin = text.split("[admin]\nport = ", 1)[1].split("\n", 1)[0]
+    admin = two_free_ports()
+    config.write_text(text.replace(f"[admin]\nport = {old_admin}", f"[admin]\nport = {admin}"))
+    proc = ReceiverProcess(config, args=("--processes", "2"))
+    proc.start()
+    try:
+        await proc.wait_ready()
+        await proc.wait_ready(ops_port=admin + 1)
+        url = f"http://127.0.0.1:{proc.public_port}/webhooks"
+        payloads = [upstream.add_job("image") for _ in range(EVENTS)]
+
+        # A new connection per request: the kernel picks a process for each.
+        async with client_session() as session:
+
+            async def send(payload: dict) -> tuple[str, int]:
+                body, headers = signed_post(payload)
+                async with session.post(url, data=body, headers=headers) as response:
+                    await response.read()
+                    return payload["id"], response.status
+
+            results = await asyncio.gather(*(send(p) for p in payloads))
+            counts = [await accepted(session, port) for port in (admin, admin + 1)]
+
+        assert [status for _, status in results] == [200] * EVENTS
+        assert sum(counts) == EVENTS
+        assert min(counts) > 0, counts  # both processes took some
+        assert proc.terminate(timeout=30) == 0, proc.log()
+        stored = {row[0] for row in db_rows(tmp_path / "inbox.db", "SELECT id FROM events")}
+        assert stored == {event_id for event_id, _ in results}
+        # The second process is gone too: its ops port is free again.
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", admin + 1))
+    finally:
+        proc.stop()
