@@ -327,7 +327,8 @@ def receiver_config(
                 "host": "127.0.0.1",
                 "port": port,
                 "path": WEBHOOK_PATH,
-                "processes": processes,
+                # Only when asked: a receiver of an older checkout (--previous) lacks the key.
+                **({"processes": processes} if processes != 1 else {}),
             },
             "admin": {"port": admin_port},
             "webhook": {"secrets": [SECRET]},

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -45,6 +44,7 @@ from receiver.store.base import (
     NewEvent,
     Outcome,
     event_records,
+    headers_json,
 )
 from receiver.store.batching import GroupCommit
 
@@ -579,7 +579,7 @@ class PostgresStore:
                     event.event,
                     event.job_id,
                     event.body,
-                    _HEADERS_JSON.encode(dict(event.headers)),
+                    headers_json(event.headers),
                     received,
                     "pending" if sinks else "done",
                     received if sinks else None,
@@ -795,10 +795,6 @@ class PostgresStore:
                     conn.terminate()
             await asyncio.sleep(delay)
             delay = min(delay * 2, LISTEN_BACKOFF_MAX_SECONDS)
-
-
-# Compact, and one encoder for every event: json.dumps() with options builds a new one per call.
-_HEADERS_JSON = json.JSONEncoder(separators=(",", ":"))
 
 
 async def _keep_session(_conn: Any) -> None:

@@ -37,6 +37,7 @@ from receiver.store.base import (
     NewEvent,
     Outcome,
     event_records,
+    headers_json,
 )
 from receiver.store.batching import GroupCommit
 
@@ -685,7 +686,7 @@ class SqliteStore:
             event.event,
             event.job_id,
             event.body,
-            _HEADERS_JSON.encode(dict(event.headers)),
+            headers_json(event.headers),
             received,
             "pending" if sinks else "done",
             received if sinks else None,
@@ -819,10 +820,6 @@ class SqliteStore:
 
     def on_new_events(self, callback: Callable[[], None]) -> None:
         """Nothing to do: SQLite cannot tell this process about other processes' writes."""
-
-
-# Compact, and one encoder for every event: json.dumps() with options builds a new one per call.
-_HEADERS_JSON = json.JSONEncoder(separators=(",", ":"))
 
 
 async def _close_quietly(conn: aiosqlite.Connection) -> None:
