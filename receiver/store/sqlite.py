@@ -40,6 +40,7 @@ from receiver.store.base import (
     headers_json,
 )
 from receiver.store.batching import GroupCommit
+from receiver.store.writer_turns import WriterTurns
 
 T = TypeVar("T")
 
@@ -349,9 +350,10 @@ class SqliteStore:
     - *work*: claims, settles, leases, redeliveries and prunes, each its own short transaction.
     - *read*: query-only snapshots for get, list and counts (WAL readers never wait for writers).
 
-    Write transactions of this process take turns on one lock, so the process never waits on
-    SQLite's busy handler for itself; ``busy_timeout`` is how long a write waits for another
-    process's lock before raising StoreUnavailable. Checkpoints (copying the WAL back into the
+    Write transactions take turns (:class:`~receiver.store.writer_turns.WriterTurns`, with the
+    other processes writing the file too), so writers are not left sleeping in SQLite's busy
+    handler; ``busy_timeout`` is how long a write waits for another process's lock before
+    raising StoreUnavailable. Checkpoints (copying the WAL back into the
     database file, and its fsync) run on a fourth connection, off the commit path.
 
     ``path`` overrides the file named by ``settings.url``; ``max_batch`` caps the events written
@@ -382,7 +384,7 @@ class SqliteStore:
         self._read: aiosqlite.Connection | None = None
         # Loop-bound objects are made in open(): a store may be reopened on another event loop.
         self._adds: GroupCommit[_Add, bool] | None = None
-        self._write_lock: asyncio.Lock | None = None
+        self._turns = WriterTurns(self.path, busy_timeout)
         self._read_lock: asyncio.Lock | None = None
         self._checkpoint_due: asyncio.Event | None = None
         self._checkpointer: asyncio.Task[None] | None = None
@@ -396,12 +398,12 @@ class SqliteStore:
     async def open(self) -> None:
         if self._open:
             return
-        self._write_lock = asyncio.Lock()
         self._read_lock = asyncio.Lock()
         self._checkpoint_due = asyncio.Event()
         self._adds = GroupCommit(self._write_adds, max_batch=self.max_batch)
         try:
             await asyncio.to_thread(self.path.parent.mkdir, parents=True, exist_ok=True)
+            self._turns.open()
             self._intake = await self._open_intake()
             self._work = await self._connect()
             self._read = await self._connect(query_only=True)
@@ -435,6 +437,7 @@ class SqliteStore:
     async def _close_connections(self) -> None:
         for name in ("_intake", "_work", "_read"):
             await self._drop(name)
+        self._turns.close()
 
     async def _drop(self, name: str) -> None:
         conn = getattr(self, name)
@@ -532,8 +535,7 @@ class SqliteStore:
 
     async def _write_adds(self, adds: list[_Add]) -> list[bool | BaseException]:
         """One group of events: one transaction, new ids inserted, each told if it was new."""
-        assert self._write_lock is not None
-        async with self._write_lock:
+        async with self._turns:
             try:
                 if self._intake is None:
                     self._intake = await self._open_intake()
@@ -582,8 +584,7 @@ class SqliteStore:
         return await self._detached(self._write_job(fn))
 
     async def _write_job(self, fn: Callable[[aiosqlite.Connection], Awaitable[T]]) -> T:
-        assert self._write_lock is not None
-        async with self._write_lock:
+        async with self._turns:
             try:
                 if self._work is None:
                     self._work = await self._connect()
@@ -655,8 +656,7 @@ class SqliteStore:
     async def pragmas(self) -> dict[str, Any]:
         """The settings in force on the intake connection (journal mode, synchronous, ...)."""
         self._check_open()
-        assert self._write_lock is not None
-        async with self._write_lock:
+        async with self._turns:
             if self._intake is None:
                 raise StoreUnavailable("the inbox intake connection is down")
             ((journal, sync, fks, busy, version),) = await self._intake.execute_fetchall(

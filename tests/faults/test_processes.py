@@ -81,8 +81,11 @@ async def test_two_intake_processes_share_the_port_and_stop_together(
         assert proc.terminate(timeout=30) == 0, proc.log()
         stored = {row[0] for row in db_rows(tmp_path / "inbox.db", "SELECT id FROM events")}
         assert stored == {event_id for event_id, _ in results}
-        # The second process is gone too: its ops port is free again.
+        # The second process is gone too: nothing listens on its ops port any more
+        # (SO_REUSEADDR: connections of the scrape may linger in TIME_WAIT).
         with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind(("127.0.0.1", admin + 1))
+            probe.listen()
     finally:
         proc.stop()
