@@ -28,6 +28,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def adjacent_free_ports() -> int:
+    """A free port p with p + 1 free too (e.g. the ops listeners of ``--processes 2``)."""
+    for _ in range(50):
+        port = free_port()
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise AssertionError("no two adjacent free ports")
+
+
 async def wait_for(
     predicate: Callable[[], Awaitable[bool]],
     timeout: float = 15.0,

@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import os
 import shutil
-import socket
 import sqlite3
 import sys
 import tempfile
@@ -52,6 +51,7 @@ from bench.common import (
     scratch,
     write_requests,
 )
+from tests.helpers import adjacent_free_ports
 
 RECEIVERS = ("sqlite", "postgres", "sqlite-x2", "postgres-x2")
 BASELINES = ("bare", "naive")
@@ -63,19 +63,6 @@ TARGET_SQLITE_BARE = 0.5
 TARGET_POSTGRES_BARE = 0.45
 TARGET_POSTGRES_SQLITE = 0.9
 TARGET_P99_MS = 25.0
-
-
-def admin_ports() -> int:
-    """A port p with p + 1 free as well (the second process's ops listener)."""
-    for _ in range(50):
-        port = free_port()
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no two adjacent free ports")
 
 
 def postgres_up() -> bool:
@@ -104,7 +91,7 @@ def start_servers(
         config = receiver_config(
             directory,
             port=port,
-            admin_port=admin_ports(),
+            admin_port=adjacent_free_ports(),
             synchronous=args.synchronous,
             store=store,
             processes=2 if name.endswith("-x2") else 1,

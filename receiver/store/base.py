@@ -49,6 +49,24 @@ class NewEvent:
     sinks: tuple[str, ...]
 
 
+def new_event_row(event: NewEvent) -> tuple[tuple[Any, ...], tuple[str, ...]]:
+    """How a new event is inserted: its row (id, event, job_id, body, headers, received_at,
+    state, next_attempt_at) and its sinks, each once. Without sinks it is ``done`` at once."""
+    sinks = tuple(dict.fromkeys(event.sinks))
+    received = event.received_at
+    row = (
+        event.id,
+        event.event,
+        event.job_id,
+        event.body,
+        headers_json(event.headers),
+        received,
+        "pending" if sinks else "done",
+        received if sinks else None,
+    )
+    return row, sinks
+
+
 @dataclass(frozen=True)
 class DeliveryRecord:
     event_id: str

@@ -44,7 +44,7 @@ from receiver.store.base import (
     NewEvent,
     Outcome,
     event_records,
-    headers_json,
+    new_event_row,
 )
 from receiver.store.batching import GroupCommit
 
@@ -570,27 +570,13 @@ class PostgresStore:
         columns: tuple[list[Any], ...] = ([], [], [], [], [], [], [], [])
         deliveries: tuple[list[Any], ...] = ([], [], [])
         for event in rows:
-            sinks = dict.fromkeys(event.sinks)
-            received = event.received_at
-            for column, value in zip(
-                columns,
-                (
-                    event.id,
-                    event.event,
-                    event.job_id,
-                    event.body,
-                    headers_json(event.headers),
-                    received,
-                    "pending" if sinks else "done",
-                    received if sinks else None,
-                ),
-                strict=True,
-            ):
+            row, sinks = new_event_row(event)
+            for column, value in zip(columns, row, strict=True):
                 column.append(value)
             for sink in sinks:
                 deliveries[0].append(event.id)
                 deliveries[1].append(sink)
-                deliveries[2].append(received)
+                deliveries[2].append(event.received_at)
 
         async def run(conn: Any) -> set[str]:
             row = await conn.fetchrow(ADD_EVENTS, *columns, *deliveries, CHANNEL, self._schema)

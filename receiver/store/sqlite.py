@@ -37,7 +37,7 @@ from receiver.store.base import (
     NewEvent,
     Outcome,
     event_records,
-    headers_json,
+    new_event_row,
 )
 from receiver.store.batching import GroupCommit
 from receiver.store.writer_turns import WriterTurns
@@ -679,19 +679,8 @@ class SqliteStore:
         self._check_open()
         assert self._adds is not None
         # The row is built here, in the caller's task, so a bad value fails only this caller.
-        sinks = tuple(dict.fromkeys(event.sinks))
-        received = event.received_at
-        row = (
-            event.id,
-            event.event,
-            event.job_id,
-            event.body,
-            headers_json(event.headers),
-            received,
-            "pending" if sinks else "done",
-            received if sinks else None,
-        )
-        deliveries = [(event.id, sink, received, received) for sink in sinks]
+        row, sinks = new_event_row(event)
+        deliveries = [(event.id, sink, row[5], row[5]) for sink in sinks]
         return await self._adds.submit(_Add(row, deliveries))
 
     async def claim(

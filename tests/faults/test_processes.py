@@ -15,7 +15,7 @@ import pytest
 
 from receiver.simulator import Simulator
 from tests.faults.conftest import client_session, db_rows, receiver_config, signed_post
-from tests.helpers import ReceiverProcess, free_port
+from tests.helpers import ReceiverProcess, adjacent_free_ports
 
 pytestmark = pytest.mark.skipif(
     not hasattr(socket, "SO_REUSEPORT") or sys.platform != "linux",
@@ -23,19 +23,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 EVENTS = 120
-
-
-def two_free_ports() -> int:
-    """A port p with p + 1 free too (the second process's ops listener)."""
-    for _ in range(50):
-        port = free_port()
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise AssertionError("no two adjacent free ports")
 
 
 async def accepted(session: aiohttp.ClientSession, ops_port: int) -> float:
@@ -53,7 +40,7 @@ async def test_two_intake_processes_share_the_port_and_stop_together(
     config = receiver_config(tmp_path, upstream)
     text = config.read_text()
     old_admin = text.split("[admin]\nport = ", 1)[1].split("\n", 1)[0]
-    admin = two_free_ports()
+    admin = adjacent_free_ports()
     config.write_text(text.replace(f"[admin]\nport = {old_admin}", f"[admin]\nport = {admin}"))
     proc = ReceiverProcess(config, args=("--processes", "2"))
     proc.start()
