@@ -165,7 +165,7 @@ class Runner:
     def measure(self, name: str, server: Server, seconds: float) -> WrkResult:
         self.runs += 1
         # Twice the best rate seen so far: a round may well run faster than the warm-up did.
-        count = int(self.rates.get(name, 25000.0) * seconds * 2.0) + 2000
+        count = int(self.rates.get(name, 12000.0) * seconds * 2.0) + 2000
         host = f"127.0.0.1:{server.port}"
         prefix = write_requests(
             self.pool_dir, f"{name}-{self.runs}", count, threads=self.args.threads, host=host
