@@ -6,8 +6,12 @@ it exits 0, and every event that got a 2xx is in the inbox."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
 import socket
 import sys
+import time
 from pathlib import Path
 
 import aiohttp
@@ -25,6 +29,17 @@ pytestmark = pytest.mark.skipif(
 EVENTS = 120
 
 
+def two_processes(tmp_path: Path, upstream: Simulator) -> tuple[ReceiverProcess, int]:
+    """``receiver serve --processes 2`` (not started yet) and its first ops port (the second
+    process's is the next one)."""
+    config = receiver_config(tmp_path, upstream)
+    text = config.read_text()
+    old_admin = text.split("[admin]\nport = ", 1)[1].split("\n", 1)[0]
+    admin = adjacent_free_ports()
+    config.write_text(text.replace(f"[admin]\nport = {old_admin}", f"[admin]\nport = {admin}"))
+    return ReceiverProcess(config, args=("--processes", "2")), admin
+
+
 async def accepted(session: aiohttp.ClientSession, ops_port: int) -> float:
     async with session.get(f"http://127.0.0.1:{ops_port}/metrics") as response:
         text = await response.text()
@@ -37,12 +52,7 @@ async def accepted(session: aiohttp.ClientSession, ops_port: int) -> float:
 async def test_two_intake_processes_share_the_port_and_stop_together(
     tmp_path: Path, upstream: Simulator
 ) -> None:
-    config = receiver_config(tmp_path, upstream)
-    text = config.read_text()
-    old_admin = text.split("[admin]\nport = ", 1)[1].split("\n", 1)[0]
-    admin = adjacent_free_ports()
-    config.write_text(text.replace(f"[admin]\nport = {old_admin}", f"[admin]\nport = {admin}"))
-    proc = ReceiverProcess(config, args=("--processes", "2"))
+    proc, admin = two_processes(tmp_path, upstream)
     proc.start()
     try:
         await proc.wait_ready()
@@ -74,5 +84,32 @@ async def test_two_intake_processes_share_the_port_and_stop_together(
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind(("127.0.0.1", admin + 1))
             probe.listen()
+    finally:
+        proc.stop()
+
+
+def child_pids(proc: ReceiverProcess) -> list[int]:
+    for line in proc.log().splitlines():
+        if "intake processes started" in line:
+            return [int(pid) for pid in json.loads(line)["pids"]]
+    raise AssertionError(f"no 'intake processes started' line:\n{proc.log()}")
+
+
+async def test_an_intake_process_dying_stops_the_set_with_exit_1(
+    tmp_path: Path, upstream: Simulator
+) -> None:
+    proc, admin = two_processes(tmp_path, upstream)
+    proc.start()
+    try:
+        await proc.wait_ready()
+        await proc.wait_ready(ops_port=admin + 1)
+        (child,) = child_pids(proc)
+        os.kill(child, signal.SIGKILL)
+        assert proc.proc is not None
+        deadline = time.monotonic() + 30
+        while proc.proc.poll() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert proc.proc.returncode == 1, proc.log()
+        assert "an intake process exited; stopping" in proc.log()
     finally:
         proc.stop()
