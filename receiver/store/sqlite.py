@@ -404,7 +404,8 @@ class SqliteStore:
         try:
             await asyncio.to_thread(self.path.parent.mkdir, parents=True, exist_ok=True)
             self._turns.open()
-            self._intake = await self._open_intake()
+            async with self._turns:  # processes starting together switch to WAL and migrate in turn
+                self._intake = await self._open_intake()
             self._work = await self._connect()
             self._read = await self._connect(query_only=True)
         except _DB_ERRORS as exc:
