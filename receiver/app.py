@@ -17,6 +17,7 @@ from types import TracebackType
 from typing import Literal
 
 import aiohttp
+import structlog
 from aiohttp import web
 
 from receiver.config import Settings
@@ -247,6 +248,8 @@ async def serve(settings: Settings, *, role: Role = "all", process_index: int = 
         loop.add_signal_handler(sig, stop.set)
     drain = settings.server.shutdown_timeout_seconds
     several = settings.server.processes > 1 and role != "worker"
+    if several:  # every log line says which of the processes wrote it
+        structlog.contextvars.bind_contextvars(process=process_index)
     ops_port = admin_port(settings, process_index)
     others: IntakeProcesses | None = None
     async with Runtime(settings, role=role) as runtime:
@@ -277,7 +280,6 @@ async def serve(settings: Settings, *, role: Role = "all", process_index: int = 
                 "receiver started",
                 role=role,
                 pid=os.getpid(),
-                process=process_index if several else None,
                 public=f"{settings.server.host}:{settings.server.port}{settings.server.path}"
                 if role != "worker"
                 else None,

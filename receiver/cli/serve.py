@@ -32,7 +32,9 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--processes: must be between 1 and {MAX_PROCESSES}")
         server = dataclasses.replace(settings.server, processes=args.processes)
         settings = dataclasses.replace(settings, server=server)
-    if settings.server.processes > 1 and args.role == "worker":
+    if args.processes is not None and args.processes > 1 and args.role == "worker":
+        # (server.processes in a config shared by intake and worker processes is fine: a
+        # worker process ignores it.)
         raise ConfigError("--processes: runs more intake processes; --role worker has no intake")
     configure_logging(settings.log.level, settings.log.format)
     from receiver.app import serve
