@@ -82,7 +82,7 @@ class IntakeProcesses:
         if not self._stopping or code != 0:
             self.failed.append((index, code))
         if not self._stopping:
-            log.error("an intake process exited; stopping", process=index, exit_code=code)
+            log.error("an intake process exited; stopping", exited=index, exit_code=code)
             self._on_failure()
 
     def terminate(self) -> None:
