@@ -12,6 +12,8 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import aiohttp
@@ -29,15 +31,25 @@ pytestmark = pytest.mark.skipif(
 EVENTS = 120
 
 
-def two_processes(tmp_path: Path, upstream: Simulator) -> tuple[ReceiverProcess, int]:
-    """``receiver serve --processes 2`` (not started yet) and its first ops port (the second
+@asynccontextmanager
+async def two_processes(
+    tmp_path: Path, upstream: Simulator
+) -> AsyncIterator[tuple[ReceiverProcess, int]]:
+    """``receiver serve --processes 2``, both ready; and its first ops port (the second
     process's is the next one)."""
     config = receiver_config(tmp_path, upstream)
     text = config.read_text()
     old_admin = text.split("[admin]\nport = ", 1)[1].split("\n", 1)[0]
     admin = adjacent_free_ports()
     config.write_text(text.replace(f"[admin]\nport = {old_admin}", f"[admin]\nport = {admin}"))
-    return ReceiverProcess(config, args=("--processes", "2")), admin
+    proc = ReceiverProcess(config, args=("--processes", "2"))
+    proc.start()
+    try:
+        await proc.wait_ready()
+        await proc.wait_ready(ops_port=admin + 1)
+        yield proc, admin
+    finally:
+        proc.stop()
 
 
 async def accepted(session: aiohttp.ClientSession, ops_port: int) -> float:
@@ -52,11 +64,7 @@ async def accepted(session: aiohttp.ClientSession, ops_port: int) -> float:
 async def test_two_intake_processes_share_the_port_and_stop_together(
     tmp_path: Path, upstream: Simulator
 ) -> None:
-    proc, admin = two_processes(tmp_path, upstream)
-    proc.start()
-    try:
-        await proc.wait_ready()
-        await proc.wait_ready(ops_port=admin + 1)
+    async with two_processes(tmp_path, upstream) as (proc, admin):
         url = f"http://127.0.0.1:{proc.public_port}/webhooks"
         payloads = [upstream.add_job("image") for _ in range(EVENTS)]
 
@@ -84,8 +92,6 @@ async def test_two_intake_processes_share_the_port_and_stop_together(
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind(("127.0.0.1", admin + 1))
             probe.listen()
-    finally:
-        proc.stop()
 
 
 def child_pids(proc: ReceiverProcess) -> list[int]:
@@ -98,11 +104,7 @@ def child_pids(proc: ReceiverProcess) -> list[int]:
 async def test_an_intake_process_dying_stops_the_set_with_exit_1(
     tmp_path: Path, upstream: Simulator
 ) -> None:
-    proc, admin = two_processes(tmp_path, upstream)
-    proc.start()
-    try:
-        await proc.wait_ready()
-        await proc.wait_ready(ops_port=admin + 1)
+    async with two_processes(tmp_path, upstream) as (proc, _admin):
         (child,) = child_pids(proc)
         os.kill(child, signal.SIGKILL)
         assert proc.proc is not None
@@ -111,5 +113,3 @@ async def test_an_intake_process_dying_stops_the_set_with_exit_1(
             await asyncio.sleep(0.1)
         assert proc.proc.returncode == 1, proc.log()
         assert "an intake process exited; stopping" in proc.log()
-    finally:
-        proc.stop()
