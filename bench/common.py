@@ -313,18 +313,27 @@ def receiver_config(
     sinks: list[dict[str, Any]] | None = None,
     worker: dict[str, Any] | None = None,
     db: str = "inbox.db",
+    store: dict[str, Any] | None = None,
+    processes: int = 1,
 ) -> Path:
-    """A config for ``receiver serve`` in ``directory`` (JSON logs, the bench secret)."""
+    """A config for ``receiver serve`` in ``directory`` (JSON logs, the bench secret);
+    ``store`` replaces the SQLite inbox (e.g. a Postgres url and schema)."""
     if sinks is None:
         sinks = [{"name": "files", "type": "download", "directory": "downloads"}]
     return write_config(
         directory / "config.toml",
         {
-            "server": {"host": "127.0.0.1", "port": port, "path": WEBHOOK_PATH},
+            "server": {
+                "host": "127.0.0.1",
+                "port": port,
+                "path": WEBHOOK_PATH,
+                # Only when asked: a receiver of an older checkout (--previous) lacks the key.
+                **({"processes": processes} if processes != 1 else {}),
+            },
             "admin": {"port": admin_port},
             "webhook": {"secrets": [SECRET]},
             "api": {"base_url": base_url, "api_key": "service_" + "be" * 32},
-            "store": {"url": f"sqlite:///{db}", "synchronous": synchronous},
+            "store": store or {"url": f"sqlite:///{db}", "synchronous": synchronous},
             "worker": worker or {},
             "log": {"format": "json", "level": "info"},
             "sinks": sinks,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from types import TracebackType
 from typing import Literal
 
 import aiohttp
+import structlog
 from aiohttp import web
 
 from receiver.config import Settings
@@ -26,6 +28,7 @@ from receiver.listener import PublicRunner
 from receiver.logs import get_logger
 from receiver.metrics import Metrics
 from receiver.ops import Ops
+from receiver.processes import IntakeProcesses, admin_port
 from receiver.secrets import SecretBox
 from receiver.sinks.base import Sink, SinkContext
 from receiver.sinks.loader import build_sinks
@@ -243,13 +246,22 @@ class Runtime:
             await asyncio.sleep(PRUNE_INTERVAL_SECONDS)
 
 
-async def serve(settings: Settings, *, role: Role = "all") -> None:
-    """Run until SIGTERM or SIGINT, then stop accepting, drain, release claims and return."""
+async def serve(settings: Settings, *, role: Role = "all", process_index: int = 0) -> None:
+    """Run until SIGTERM or SIGINT, then stop accepting, drain, release claims and return.
+
+    With ``server.processes`` above 1, process 0 starts the other intake processes and stops
+    them with itself (see :mod:`receiver.processes`); ``process_index`` is set in those.
+    """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     drain = settings.server.shutdown_timeout_seconds
+    several = settings.server.processes > 1 and role != "worker"
+    if several:  # every log line says which of the processes wrote it
+        structlog.contextvars.bind_contextvars(process=process_index)
+    ops_port = admin_port(settings, process_index)
+    others: IntakeProcesses | None = None
     async with Runtime(settings, role=role) as runtime:
         loop.add_signal_handler(signal.SIGHUP, lambda: _reload_secrets(runtime))
         runners: list[web.AppRunner] = []  # the public one(s), then the ops one
@@ -264,18 +276,24 @@ async def serve(settings: Settings, *, role: Role = "all") -> None:
                 )
                 await public.setup()
                 runners.append(public)
-                await web.TCPSite(public, settings.server.host, settings.server.port).start()
+                await web.TCPSite(
+                    public, settings.server.host, settings.server.port, reuse_port=several or None
+                ).start()
             ops = web.AppRunner(runtime.ops_app(), access_log=None, shutdown_timeout=drain)
             await ops.setup()
             runners.append(ops)
-            await web.TCPSite(ops, settings.admin.host, settings.admin.port).start()
+            await web.TCPSite(ops, settings.admin.host, ops_port).start()
+            if several and process_index == 0:
+                others = IntakeProcesses(settings, on_failure=stop.set)
+                await others.start()
             log.info(
                 "receiver started",
                 role=role,
+                pid=os.getpid(),
                 public=f"{settings.server.host}:{settings.server.port}{settings.server.path}"
                 if role != "worker"
                 else None,
-                ops=f"{settings.admin.host}:{settings.admin.port}",
+                ops=f"{settings.admin.host}:{ops_port}",
                 store=settings.store.url.split("://", 1)[0],
                 sinks=[s.name for s in settings.sinks],
             )
@@ -286,6 +304,8 @@ async def serve(settings: Settings, *, role: Role = "all") -> None:
             # what is in flight while the workers stop claiming and finish (then release) theirs.
             # The ops listener goes last so readiness is served while draining.
             deadline = loop.time() + drain
+            if others is not None:
+                others.terminate()  # they drain at the same time as this one
             await asyncio.gather(
                 _drain_public(runners[:-1], runtime, deadline),
                 runtime.drain_workers(drain),
@@ -293,6 +313,8 @@ async def serve(settings: Settings, *, role: Role = "all") -> None:
             await runtime.close()
             if runners:
                 await runners[-1].cleanup()
+            if others is not None:
+                await others.wait(max(0.0, deadline - loop.time()) + STRAGGLER_SECONDS + 5.0)
     log.info("stopped")
 
 

@@ -22,6 +22,7 @@ from receiver.sinks.registry import COMMON_KEYS, SINK_TYPES, Option
 
 DEFAULT_CONFIG_PATH = "config.toml"
 MIN_RETENTION_HOURS = 48
+MAX_PROCESSES = 64
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class ServerSettings:
     shutdown_timeout_seconds: float = 10.0
     read_timeout_seconds: float = 10.0
     trusted_proxies: tuple[str, ...] = ()
+    processes: int = 1
 
 
 @dataclass(frozen=True)
@@ -284,6 +286,8 @@ def _check_values(s: dict[str, Any], problems: list[str]) -> None:
         problems.append("server.max_body_bytes: must be at least 1024")
     if server.shutdown_timeout_seconds <= 0:
         problems.append("server.shutdown_timeout_seconds: must be positive")
+    if not 1 <= server.processes <= MAX_PROCESSES:
+        problems.append(f"server.processes: must be between 1 and {MAX_PROCESSES}")
     if store.retention_hours < MIN_RETENTION_HOURS:
         problems.append(
             f"store.retention_hours: must be >= {MIN_RETENTION_HOURS} "

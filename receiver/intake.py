@@ -219,12 +219,13 @@ class Intake:
         headers = request.headers
         signature = headers.getall(SIGNATURE_HEADER, None)
         webhook = self._settings.webhook
+        now = self._clock()
         try:
             verified = verify(
                 secrets=self._secrets.secrets,
                 body=body,
                 header=",".join(signature) if signature else None,
-                now=self._clock(),
+                now=now,
                 tolerance_seconds=webhook.tolerance_seconds,
                 legacy_header=headers.get(LEGACY_SIGNATURE_HEADER),
                 allow_legacy=webhook.allow_legacy_signature,
@@ -249,7 +250,7 @@ class Intake:
             job_id=event["job_id"],
             body=body,
             headers={k: v for k in KEPT_HEADERS if (v := headers.get(k)) is not None},
-            received_at=self._clock(),
+            received_at=now,
             sinks=info.sinks,
         )
         try:

@@ -114,7 +114,8 @@ def verify(
     signed = str(timestamp).encode() + b"." + body
     matched: int | None = None
     for index, secret in enumerate(secrets):
-        expected = hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
+        # hmac.digest: OpenSSL's one-shot HMAC, without building an HMAC object per request.
+        expected = hmac.digest(secret.encode(), signed, "sha256").hex()
         for candidate in signatures:
             if hmac.compare_digest(expected, candidate) and matched is None:
                 matched = index

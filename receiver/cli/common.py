@@ -62,9 +62,12 @@ def quiet_logs() -> None:
 
 def run_async(coro: Any) -> Any:
     """Run a coroutine on uvloop when installed (``receiver[uvloop]``), else asyncio's loop."""
+    runner: Any = asyncio.run
     try:
         import uvloop  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
-        uvloop = None
+        pass
+    else:
+        runner = uvloop.run
     # Outside the except block, so errors raised while running are not chained to ImportError.
-    return asyncio.run(coro) if uvloop is None else uvloop.run(coro)
+    return runner(coro)

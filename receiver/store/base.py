@@ -29,6 +29,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+# Compact, and one encoder for every event: json.dumps() with options builds a new one per call.
+_HEADERS_JSON = json.JSONEncoder(separators=(",", ":"))
+
+
+def headers_json(headers: Mapping[str, str]) -> str:
+    """An event's kept headers as stored: compact JSON."""
+    return _HEADERS_JSON.encode(headers if isinstance(headers, dict) else dict(headers))
+
+
 DeliveryState = Literal["pending", "done", "dead", "skipped"]
 EventState = Literal["pending", "done", "dead"]
 EVENT_STATES: tuple[EventState, ...] = ("pending", "done", "dead")

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -60,6 +59,7 @@ from receiver.store.base import (
     lane_row,
     leased,
 )
+from receiver.store.batching import GroupCommit
 
 T = TypeVar("T")
 
@@ -73,6 +73,11 @@ LISTEN_BACKOFF_MAX_SECONDS = 30.0
 LISTEN_HEALTH_SECONDS = 30.0
 #: Statements of a migration, and waiting for another replica's migration, may take this long.
 MIGRATION_TIMEOUT_SECONDS = 600.0
+#: Events written per group commit at most, and groups written at once: while one group's commit
+#: is on its way the next one gathers, and a second one may be in flight. Intake therefore needs
+#: at most GROUP_WRITERS pooled connections however many webhooks arrive at once.
+MAX_GROUP = 500
+GROUP_WRITERS = 2
 
 # -- schema -------------------------------------------------------------------------------------
 
@@ -197,19 +202,27 @@ SCHEMA_EXISTS = "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)"
 
 # -- statements ---------------------------------------------------------------------------------
 
-# One statement, so one implicit transaction and one round trip: the event, its deliveries
-# and the notification (sent by Postgres on commit, only for a new event).
-ADD_EVENT = """
+# A group of events in one statement, so one implicit transaction, one round trip and one commit:
+# the new events (arrays of columns, one element per event), the deliveries of those that were
+# new, and one notification for the whole group (sent by Postgres on commit, only when anything
+# was new). Answers the ids that were new.
+ADD_EVENTS = """
 WITH ins AS (
     INSERT INTO events (id, event, job_id, body, headers, received_at, state, enrich_at)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+    SELECT * FROM unnest(
+        $1::text[], $2::text[], $3::text[], $4::bytea[], $5::json[],
+        $6::double precision[], $7::text[], $8::double precision[]
+    )
     ON CONFLICT (id) DO NOTHING
     RETURNING id
 ), dels AS (
     INSERT INTO deliveries (event_id, sink, state, attempts, next_attempt_at, updated_at)
-    SELECT ins.id, s.sink, 'pending', 0, $6, $6 FROM ins, unnest($9::text[]) AS s (sink)
+    SELECT d.event_id, d.sink, 'pending', 0, d.at, d.at
+    FROM unnest($9::text[], $10::text[], $11::double precision[]) AS d (event_id, sink, at)
+    JOIN ins ON ins.id = d.event_id
 )
-SELECT count(*) AS added, CASE WHEN count(*) > 0 THEN pg_notify($10, $11) END AS notified
+SELECT coalesce(array_agg(id), '{}') AS added,
+       CASE WHEN count(*) > 0 THEN pg_notify($12, $13) END AS notified
 FROM ins
 """
 
@@ -452,6 +465,10 @@ class PostgresStore:
     ``settings.pool_size`` caps this process's pooled connections (a process running workers
     holds one more, for LISTEN); ``settings.timeout_seconds`` bounds connecting, waiting for a
     pooled connection and each statement; ``settings.schema`` names the schema of the tables.
+
+    Concurrent :meth:`add_event` calls are group-committed (see :mod:`receiver.store.batching`):
+    one statement and one commit for every event waiting, on at most ``GROUP_WRITERS`` pooled
+    connections, so the rest of the pool stays free for workers and the admin API.
     """
 
     def __init__(self, settings: StoreSettings) -> None:
@@ -464,6 +481,9 @@ class PostgresStore:
         self._callbacks: list[Callable[[], None]] = []
         self._listener: asyncio.Task[None] | None = None
         self._listen_conn: Any = None
+        self._adds: GroupCommit[NewEvent, bool] = GroupCommit(
+            self._write_adds, max_batch=MAX_GROUP, max_in_flight=GROUP_WRITERS
+        )
 
     # -- connections ----------------------------------------------------------------------------
 
@@ -516,8 +536,11 @@ class PostgresStore:
             finally:
                 await self._close_conn(conn)
             self._pool = await asyncpg.create_pool(
-                min_size=1,
+                min_size=min(GROUP_WRITERS, self.settings.pool_size),
                 max_size=self.settings.pool_size,
+                # No session state is ever changed on a pooled connection (no SET, no LISTEN,
+                # only transaction-scoped locks), so a release needs no reset round trip.
+                reset=_keep_session,
                 # Idle connections are closed after a while, so a failover is picked up.
                 max_inactive_connection_lifetime=300.0,
                 **self._connect_kwargs(),
@@ -530,6 +553,7 @@ class PostgresStore:
             self._start_listener()
 
     async def close(self) -> None:
+        await self._adds.drain()  # what was submitted is still written and answered
         listener, self._listener = self._listener, None
         if listener is not None:
             listener.cancel()
@@ -669,28 +693,40 @@ class PostgresStore:
         await self._run(run)
 
     async def add_event(self, event: NewEvent) -> bool:
-        sinks = list(dict.fromkeys(event.sinks))
-        received = event.received_at
-        state, enrich_at = rules.new_event_values(bool(sinks), received)
-        args = (
-            event.id,
-            event.event,
-            event.job_id,
-            event.body,
-            json.dumps(dict(event.headers), separators=(",", ":")),
-            received,
-            state,
-            enrich_at,
-            sinks,
-            CHANNEL,
-            self._schema,
-        )
+        if self._pool is None:
+            raise StoreUnavailable("the inbox is not open")
+        return await self._adds.submit(event)
 
-        async def run(conn: Any) -> bool:
-            row = await conn.fetchrow(ADD_EVENT, *args)
-            return bool(row["added"])
+    async def _write_adds(self, events: list[NewEvent]) -> list[bool | BaseException]:
+        """One group: one statement; each event told whether its id was new.
 
-        return await self._run(run)
+        Within a group only the first event of an id can be new; the rows go in id order, so
+        two groups (of two replicas) inserting the same ids lock them in the same order.
+        """
+        firsts: dict[str, NewEvent] = {}
+        for event in events:
+            firsts.setdefault(event.id, event)
+        rows = sorted(firsts.values(), key=lambda e: e.id)
+        columns: tuple[list[Any], ...] = ([], [], [], [], [], [], [], [])
+        deliveries: tuple[list[Any], ...] = ([], [], [])
+        for event in rows:
+            row, sinks = rules.new_event_row(event)
+            for column, value in zip(columns, row, strict=True):
+                column.append(value)
+            for sink in sinks:
+                deliveries[0].append(event.id)
+                deliveries[1].append(sink)
+                deliveries[2].append(event.received_at)
+
+        async def run(conn: Any) -> set[str]:
+            row = await conn.fetchrow(ADD_EVENTS, *columns, *deliveries, CHANNEL, self._schema)
+            return set(row["added"])
+
+        try:
+            added = await self._run(run)
+        except StoreUnavailable as exc:
+            return [_copy_error(exc) for _ in events]
+        return [event.id in added and firsts[event.id] is event for event in events]
 
     # -- enrichment -----------------------------------------------------------------------------
 
@@ -967,6 +1003,18 @@ class PostgresStore:
                     conn.terminate()
             await asyncio.sleep(delay)
             delay = min(delay * 2, LISTEN_BACKOFF_MAX_SECONDS)
+
+
+async def _keep_session(_conn: Any) -> None:
+    """The pool's reset on release: nothing to undo (asyncpg still rolls back an open
+    transaction first)."""
+
+
+def _copy_error(exc: StoreUnavailable) -> StoreUnavailable:
+    """One exception per caller: a shared one would collect every caller's traceback."""
+    err = StoreUnavailable(exc.message)
+    err.__cause__ = exc.__cause__
+    return err
 
 
 async def _with_deliveries(conn: Any, rows: Sequence[Any]) -> list[EventRecord]:

@@ -25,7 +25,9 @@ from receiver.store.base import (
     LanePolicy,
     LaneResult,
     LaneState,
+    NewEvent,
     Outcome,
+    headers_json,
 )
 
 # Tokens are compared with this much slack, so float rounding (unix times carry ~1e-7 s of it)
@@ -102,6 +104,24 @@ def event_states(
 def new_event_values(has_sinks: bool, received_at: float) -> tuple[EventState, float | None]:
     """A new event's state and enrichment due time: an event for no sink is done at once."""
     return ("pending", received_at) if has_sinks else ("done", None)
+
+
+def new_event_row(event: NewEvent) -> tuple[tuple[Any, ...], tuple[str, ...]]:
+    """How a new event is inserted: its row (id, event, job_id, body, headers, received_at,
+    state, enrichment due time) and its sinks, each once."""
+    sinks = tuple(dict.fromkeys(event.sinks))
+    state, enrich_at = new_event_values(bool(sinks), event.received_at)
+    row = (
+        event.id,
+        event.event,
+        event.job_id,
+        event.body,
+        headers_json(event.headers),
+        event.received_at,
+        state,
+        enrich_at,
+    )
+    return row, sinks
 
 
 def enrichment_failed(error: str, retry_at: float | None) -> Outcome:

@@ -50,6 +50,7 @@ from receiver.store.base import (
     leased,
 )
 from receiver.store.batching import GroupCommit
+from receiver.store.writer_turns import WriterTurns
 
 T = TypeVar("T")
 
@@ -466,9 +467,10 @@ class SqliteStore:
     - *work*: claims, settles, leases, redeliveries and prunes, each its own short transaction.
     - *read*: query-only snapshots for get, list and counts (WAL readers never wait for writers).
 
-    Write transactions of this process take turns on one lock, so the process never waits on
-    SQLite's busy handler for itself; ``busy_timeout`` is how long a write waits for another
-    process's lock before raising StoreUnavailable. Checkpoints (copying the WAL back into the
+    Write transactions take turns (:class:`~receiver.store.writer_turns.WriterTurns`, with the
+    other processes writing the file too), so writers are not left sleeping in SQLite's busy
+    handler; ``busy_timeout`` is how long a write waits for another process's lock before
+    raising StoreUnavailable. Checkpoints (copying the WAL back into the
     database file, and its fsync) run on a fourth connection, off the commit path.
 
     ``path`` overrides the file named by ``settings.url``; ``max_batch`` caps the events written
@@ -499,7 +501,7 @@ class SqliteStore:
         self._read: aiosqlite.Connection | None = None
         # Loop-bound objects are made in open(): a store may be reopened on another event loop.
         self._adds: GroupCommit[_Add, bool] | None = None
-        self._write_lock: asyncio.Lock | None = None
+        self._turns = WriterTurns(self.path, busy_timeout)
         self._read_lock: asyncio.Lock | None = None
         self._checkpoint_due: asyncio.Event | None = None
         self._checkpointer: asyncio.Task[None] | None = None
@@ -513,13 +515,14 @@ class SqliteStore:
     async def open(self) -> None:
         if self._open:
             return
-        self._write_lock = asyncio.Lock()
         self._read_lock = asyncio.Lock()
         self._checkpoint_due = asyncio.Event()
         self._adds = GroupCommit(self._write_adds, max_batch=self.max_batch)
         try:
             await asyncio.to_thread(self.path.parent.mkdir, parents=True, exist_ok=True)
-            self._intake = await self._open_intake()
+            self._turns.open()
+            async with self._turns:  # processes starting together switch to WAL and migrate in turn
+                self._intake = await self._open_intake()
             self._work = await self._connect()
             self._read = await self._connect(query_only=True)
         except _DB_ERRORS as exc:
@@ -552,6 +555,7 @@ class SqliteStore:
     async def _close_connections(self) -> None:
         for name in ("_intake", "_work", "_read"):
             await self._drop(name)
+        self._turns.close()
 
     async def _drop(self, name: str) -> None:
         conn = getattr(self, name)
@@ -649,8 +653,7 @@ class SqliteStore:
 
     async def _write_adds(self, adds: list[_Add]) -> list[bool | BaseException]:
         """One group of events: one transaction, new ids inserted, each told if it was new."""
-        assert self._write_lock is not None
-        async with self._write_lock:
+        async with self._turns:
             try:
                 if self._intake is None:
                     self._intake = await self._open_intake()
@@ -699,8 +702,7 @@ class SqliteStore:
         return await self._detached(self._write_job(fn))
 
     async def _write_job(self, fn: Callable[[aiosqlite.Connection], Awaitable[T]]) -> T:
-        assert self._write_lock is not None
-        async with self._write_lock:
+        async with self._turns:
             try:
                 if self._work is None:
                     self._work = await self._connect()
@@ -772,8 +774,7 @@ class SqliteStore:
     async def pragmas(self) -> dict[str, Any]:
         """The settings in force on the intake connection (journal mode, synchronous, ...)."""
         self._check_open()
-        assert self._write_lock is not None
-        async with self._write_lock:
+        async with self._turns:
             if self._intake is None:
                 raise StoreUnavailable("the inbox intake connection is down")
             ((journal, sync, fks, busy, version),) = await self._intake.execute_fetchall(
@@ -796,20 +797,8 @@ class SqliteStore:
         self._check_open()
         assert self._adds is not None
         # The row is built here, in the caller's task, so a bad value fails only this caller.
-        sinks = tuple(dict.fromkeys(event.sinks))
-        received = event.received_at
-        state, enrich_at = rules.new_event_values(bool(sinks), received)
-        row = (
-            event.id,
-            event.event,
-            event.job_id,
-            event.body,
-            _HEADERS_JSON.encode(dict(event.headers)),
-            received,
-            state,
-            enrich_at,
-        )
-        deliveries = [(event.id, sink, received, received) for sink in sinks]
+        row, sinks = rules.new_event_row(event)
+        deliveries = [(event.id, sink, row[5], row[5]) for sink in sinks]
         return await self._adds.submit(_Add(row, deliveries))
 
     # -- enrichment -----------------------------------------------------------------------------
@@ -1036,10 +1025,6 @@ class SqliteStore:
 
     def on_new_events(self, callback: Callable[[], None]) -> None:
         """Nothing to do: SQLite cannot tell this process about other processes' writes."""
-
-
-# Compact, and one encoder for every event: json.dumps() with options builds a new one per call.
-_HEADERS_JSON = json.JSONEncoder(separators=(",", ":"))
 
 
 async def _close_quietly(conn: aiosqlite.Connection) -> None:

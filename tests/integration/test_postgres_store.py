@@ -18,7 +18,7 @@ import pytest
 from receiver.errors import StoreUnavailable, UnknownEvent
 from receiver.store import NewEvent, Outcome
 from receiver.store.base import LanePolicy, Snapshot
-from receiver.store.postgres import SCHEMA_VERSION, PostgresStore
+from receiver.store.postgres import CHANNEL, SCHEMA_VERSION, PostgresStore
 from tests.support.helpers import free_port, wait_for
 from tests.support.postgres import (
     POSTGRES_URL,
@@ -535,3 +535,92 @@ async def test_a_version_1_inbox_keeps_its_events_and_enriches_the_pending_ones(
         assert (beta.state, beta.attempts, beta.last_error) == ("pending", 2, "boom")
     finally:
         await store.close()
+
+
+# -- group commit -------------------------------------------------------------------------------
+
+
+class Notifications:
+    """NOTIFYs on the receiver's channel, as another session LISTENing sees them."""
+
+    def __init__(self) -> None:
+        self.payloads: list[str] = []
+        self.conn: asyncpg.Connection | None = None
+
+    async def __aenter__(self) -> Notifications:
+        self.conn = await asyncpg.connect(POSTGRES_URL)
+        await self.conn.add_listener(CHANNEL, self._heard)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.conn is not None
+        await self.conn.close()
+
+    def _heard(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        self.payloads.append(payload)
+
+    async def settle(self) -> None:
+        """Every notification committed so far has arrived (a round trip after them)."""
+        assert self.conn is not None
+        await self.conn.fetchval("SELECT 1")
+        await asyncio.sleep(0.2)
+
+
+async def test_one_group_one_statement_one_notify_and_each_caller_told_new_or_not(
+    stores: StoreFactory, schema: str
+) -> None:
+    store = await stores()
+    assert await store.add_event(new_event("old")) is True
+    async with Notifications() as heard:
+        await heard.settle()
+        groups = store._adds.groups
+        # Gathered in one loop iteration: one group, with an id twice and an id already stored.
+        ids = ["a", "b", "a", "old", "c", "b", "a"]
+        results = await asyncio.gather(*(store.add_event(new_event(i)) for i in ids))
+        assert store._adds.groups == groups + 1
+        assert results == [True, True, False, False, True, False, False]
+        await heard.settle()
+        assert heard.payloads == [schema]
+
+        # A group with nothing new commits no notification at all.
+        assert await asyncio.gather(*(store.add_event(new_event(i)) for i in ids)) == [False] * 7
+        await heard.settle()
+        assert heard.payloads == [schema]
+    assert await fetchval(schema, "SELECT count(*) FROM events") == 4
+    assert await fetchval(schema, "SELECT count(*) FROM deliveries") == 8
+
+
+async def test_many_concurrent_adds_share_commits_with_one_notify_each(
+    stores: StoreFactory, schema: str
+) -> None:
+    store = await stores()
+    async with Notifications() as heard:
+        await heard.settle()
+        groups = store._adds.groups
+
+        async def add_soon(n: int) -> bool:
+            await asyncio.sleep(random.random() * 0.05)  # arriving over a while, as webhooks do
+            return await store.add_event(new_event(f"ev-{n}"))
+
+        assert all(await asyncio.gather(*(add_soon(n) for n in range(400))))
+        written = store._adds.groups - groups
+        await heard.settle()
+    assert 1 <= written < 400
+    assert len(heard.payloads) == written
+    assert await fetchval(schema, "SELECT count(*) FROM events") == 400
+
+
+async def test_a_released_connection_costs_no_reset_round_trip(stores: StoreFactory) -> None:
+    store = await stores(pool_size=1)
+    await store.add_event(new_event("ev-1"))
+    conn = await store._pool.acquire()
+    try:
+        await conn.execute("SET application_name = 'probe'")
+    finally:
+        await store._pool.release(conn)
+    # The session setting survived the release: no RESET ALL (nor any other statement) ran.
+    conn = await store._pool.acquire()
+    try:
+        assert await conn.fetchval("SHOW application_name") == "probe"
+    finally:
+        await store._pool.release(conn)

@@ -28,6 +28,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def adjacent_free_ports() -> int:
+    """A free port p with p + 1 free too (e.g. the ops listeners of ``--processes 2``)."""
+    for _ in range(50):
+        port = free_port()
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise AssertionError("no two adjacent free ports")
+
+
 async def wait_for(
     predicate: Callable[[], Awaitable[bool]],
     timeout: float = 15.0,
@@ -73,9 +86,17 @@ def write_config(path: Path, data: dict[str, Any]) -> Path:
 class ReceiverProcess:
     """``receiver serve`` in a subprocess, for crash and shutdown tests."""
 
-    def __init__(self, config: Path, *, role: str = "all", cwd: Path | None = None) -> None:
+    def __init__(
+        self,
+        config: Path,
+        *,
+        role: str = "all",
+        cwd: Path | None = None,
+        args: tuple[str, ...] = (),
+    ) -> None:
         self.config = config
         self.role = role
+        self.args = args
         self.cwd = cwd or config.parent
         data = tomllib.loads(config.read_text())
         self.ops_port = data["admin"]["port"]
@@ -97,6 +118,7 @@ class ReceiverProcess:
                 str(self.config),
                 "--role",
                 self.role,
+                *self.args,
             ],
             cwd=self.cwd,
             env=env,
@@ -105,7 +127,10 @@ class ReceiverProcess:
         )
         log.close()
 
-    async def wait_ready(self, timeout: float = 20.0) -> None:
+    async def wait_ready(self, timeout: float = 20.0, *, ops_port: int | None = None) -> None:
+        """Until ``/readyz`` answers 200 on the ops listener (``ops_port``: another process's)."""
+        port = self.ops_port if ops_port is None else ops_port
+
         async def ready() -> bool:
             assert self.proc is not None
             if self.proc.poll() is not None:
@@ -113,7 +138,7 @@ class ReceiverProcess:
             try:
                 async with (
                     aiohttp.ClientSession() as s,
-                    s.get(f"http://127.0.0.1:{self.ops_port}/readyz") as r,
+                    s.get(f"http://127.0.0.1:{port}/readyz") as r,
                 ):
                     return r.status == 200
             except aiohttp.ClientError:
