@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 
 from receiver.simulator import Simulator
-from tests.faults.conftest import client_session, db_rows, receiver_config, signed_post
+from tests.support.faults import client_session, db_rows, receiver_config, signed_post
 from tests.support.helpers import ReceiverProcess, adjacent_free_ports
 
 pytestmark = pytest.mark.skipif(
