@@ -11,14 +11,13 @@ import pytest
 from receiver.errors import UnknownEvent
 from receiver.store import Outcome, Store
 from receiver.store.browse import Cursor, EventQuery
-from tests.integration.test_store_contract import (  # noqa: F401  (fixtures)
-    T0,
-    backend,
-    new_event,
-    open_backend,
-    states,
-    store,
-)
+from tests.integration import test_store_contract as contract
+from tests.integration.test_store_contract import T0, new_event, states
+
+# The contract suite's backends: memory, SQLite, and Postgres when it is reachable.
+backend = contract.backend
+open_backend = contract.open_backend
+store = contract.store
 
 
 def ids(records) -> list[str]:
