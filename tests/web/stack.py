@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from receiver.simulator import Simulator
-from receiver.simulator_delivery import WebhookSender
+from receiver.simulator.sender import WebhookSender
 from tests.helpers import ReceiverProcess, free_port, write_config
 from tests.peers import Capture
 
