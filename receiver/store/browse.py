@@ -145,8 +145,8 @@ WHERE_SINK_STATE = (
 # A delivery still pending means its event is pending: the event-state index narrows the scan
 # to the pending events, however many finished ones there are.
 WHERE_PENDING_EVENT = "state = 'pending'"
-# Dead deliveries are few: read them from the deliveries side (the partial index on dead rows
-# holds the sink, being a key column) rather than scanning every event for one.
+# Dead deliveries are few: read them from the deliveries side (the partial index on dead rows,
+# by sink) rather than scanning every event for one.
 WHERE_SINK_DEAD = "id IN (SELECT event_id FROM deliveries WHERE state = 'dead' AND sink = :sink)"
 # Two primary-key / job-id lookups, whatever order the page is in.
 WHERE_REF = (

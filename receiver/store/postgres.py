@@ -148,6 +148,8 @@ MIGRATIONS: tuple[Migration, ...] = (
             " WHERE state = 'pending'",
             "CREATE INDEX deliveries_failing ON deliveries (updated_at)"
             " WHERE last_error IS NOT NULL",
+            "CREATE INDEX deliveries_dead_groups ON deliveries (sink, last_error, updated_at)"
+            " WHERE state = 'dead'",
         ),
     ),
 )
@@ -871,6 +873,7 @@ SELECT event_id, sink, state, attempts, next_attempt_at, last_error, updated_at
 FROM deliveries WHERE last_error IS NOT NULL ORDER BY updated_at DESC LIMIT $1
 """
 
+# Served by the partial index deliveries_dead_groups.
 DEAD_GROUPS = """
 SELECT sink, last_error, count(*), min(updated_at), max(updated_at)
 FROM deliveries WHERE state = 'dead'

@@ -111,6 +111,8 @@ SCHEMA_V2_BROWSE: tuple[str, ...] = (
     "CREATE INDEX deliveries_pending_sink ON deliveries (sink, next_attempt_at)"
     " WHERE state = 'pending'",
     "CREATE INDEX deliveries_failing ON deliveries (updated_at) WHERE last_error IS NOT NULL",
+    "CREATE INDEX deliveries_dead_groups ON deliveries (sink, last_error, updated_at)"
+    " WHERE state = 'dead'",
     "PRAGMA user_version = 2",
 )
 
@@ -977,6 +979,7 @@ SELECT event_id, sink, state, attempts, next_attempt_at, last_error, updated_at
 FROM deliveries WHERE last_error IS NOT NULL ORDER BY updated_at DESC LIMIT ?
 """
 
+# These three are served by the partial index deliveries_dead_groups (it holds the event id too).
 DEAD_GROUPS = """
 SELECT sink, last_error, count(*), min(updated_at), max(updated_at)
 FROM deliveries WHERE state = 'dead'

@@ -1,4 +1,4 @@
-"""The overview's row for each sink lane, from the store's counts and this process's metrics.
+"""The overview's figures: one row for each sink lane, and the events by state.
 
 Backlog, due and oldest due come from the store, so they cover every replica sharing it. In
 flight comes from ``receiver_sink_in_flight{sink}`` when this process exports it, else from the
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from receiver.config import SinkSettings
 from receiver.metrics import Metrics
+from receiver.store.base import EVENT_STATES
 from receiver.store.browse import InboxOverview, LaneCounts
 
 RATE_WINDOW_SECONDS = 300.0
@@ -71,6 +72,21 @@ class DeliveryRates:
             "receiver_sink_deliveries_total", {"sink": sink, "outcome": "success"}
         )
         return value or 0.0
+
+
+def gauge_counts(metrics: Metrics, now: float) -> tuple[dict[str, int], float | None] | None:
+    """Events by state and the oldest pending one's receipt time, as this process's gauges
+    (``receiver_inbox_events``, refreshed every few seconds) last saw them; None before their
+    first refresh. Counting a million rows on every overview would cost more than the page."""
+    registry = metrics.registry
+    counts: dict[str, int] = {}
+    for state in EVENT_STATES:
+        value = registry.get_sample_value("receiver_inbox_events", {"state": state})
+        if value is None:
+            return None
+        counts[state] = int(value)
+    age = registry.get_sample_value("receiver_inbox_oldest_pending_seconds") or 0.0
+    return counts, (now - age if counts["pending"] else None)
 
 
 def in_flight(metrics: Metrics, lane: LaneCounts) -> int:

@@ -20,7 +20,7 @@ from receiver.store.base import EventRecord, Store
 from receiver.store.browse import Cursor
 from receiver.watchdog import Watchdog
 from receiver.web.filters import DELIVERY_STATES, BadFilter, parse_events_request
-from receiver.web.lanes import DeliveryRates, lane_rows
+from receiver.web.lanes import DeliveryRates, gauge_counts, lane_rows
 from receiver.web.render import View, group_key, redirect, render
 
 log = get_logger("receiver.web")
@@ -64,7 +64,7 @@ class Pages:
     # -- reading --------------------------------------------------------------------------------
 
     async def overview(self, _request: web.Request, view: View) -> web.Response:
-        counts, oldest_pending = await self._store.counts()
+        counts, oldest_pending = gauge_counts(self._metrics, view.now) or await self._store.counts()
         overview = await self._store.overview(
             now=view.now, failing_since=view.now - FAILING_WINDOW_SECONDS, errors=RECENT_ERRORS
         )
