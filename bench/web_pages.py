@@ -31,11 +31,12 @@ from pathlib import Path
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from bench.backlog import new_inbox
 from bench.common import ROOT, Table, machine_note, median
 from receiver.config import SinkSettings, StoreSettings
 from receiver.metrics import Metrics
 from receiver.store.browse import Cursor, EventQuery, browse_sql
-from receiver.store.sqlite import MIGRATIONS, SCHEMA_VERSION, SqliteStore
+from receiver.store.sqlite import SCHEMA_VERSION, SqliteStore
 from receiver.web import InboxUi
 
 CACHE = ROOT / ".bench" / "cache"
@@ -47,22 +48,11 @@ TARGET_MS = 100.0
 
 def build(path: Path, count: int) -> None:
     """The inbox described in the module docstring, written in bulk with the receiver's schema."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{path}{suffix}").unlink(missing_ok=True)
     rng = random.Random(7)
     started = time.monotonic()
     end = time.time() - 60
     begin = end - WEEK
-    with closing(sqlite3.connect(path, isolation_level=None)) as conn:
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = OFF")
-        conn.execute("PRAGMA cache_size = -262144")
-        conn.execute("BEGIN")
-        for statements in MIGRATIONS:
-            for statement in statements:
-                conn.execute(statement)
-        conn.execute("COMMIT")
+    with closing(new_inbox(path)) as conn:
         for start in range(0, count, CHUNK):
             events, deliveries = [], []
             for n in range(start, min(count, start + CHUNK)):
