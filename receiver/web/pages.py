@@ -35,9 +35,18 @@ def not_found(view: View, what: str) -> web.Response:
     return render(view, "error.html", status=404, title="Not found", message=what)
 
 
-def job_snapshot(record: EventRecord) -> Any:
-    """The job and assets fetched for the event, when the store keeps them with it."""
-    return getattr(record, "snapshot", None)
+def job_snapshot(record: EventRecord) -> dict[str, Any] | None:
+    """The job and assets fetched for the event, when the store keeps them with it: ``data``
+    (``{"job": ..., "assets": [...]}``), ``fetched_at``; or, while none was fetched, the last
+    fetch error (``error``, ``attempts``) when there was one."""
+    snapshot = getattr(record, "snapshot", None)
+    if snapshot is not None:
+        data = {"job": snapshot.job, "assets": list(snapshot.assets)}
+        return {"data": data, "fetched_at": snapshot.fetched_at}
+    error = getattr(record, "enrich_error", None)
+    if error:
+        return {"error": error, "attempts": getattr(record, "enrich_attempts", 0)}
+    return None
 
 
 class Pages:
