@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import random
 import sqlite3
@@ -36,7 +37,7 @@ from bench.common import ROOT, Table, machine_note, median
 from receiver.config import SinkSettings, StoreSettings
 from receiver.metrics import Metrics
 from receiver.store.browse import Cursor, EventQuery, browse_sql
-from receiver.store.sqlite import SCHEMA_VERSION, SqliteStore
+from receiver.store.sqlite import MIGRATIONS, SqliteStore
 from receiver.web import InboxUi
 
 CACHE = ROOT / ".bench" / "cache"
@@ -114,12 +115,13 @@ def build(path: Path, count: int) -> None:
             )
             conn.execute("COMMIT")
             print(f"  {start + len(events):,} events ({time.monotonic() - started:.0f} s)")
-        conn.execute("ANALYZE")
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
 
 def inbox(count: int) -> Path:
-    path = CACHE / f"web-{count}-v{SCHEMA_VERSION}.db"
+    """The cached inbox for ``count`` events, rebuilt whenever the schema's statements change."""
+    schema = hashlib.sha256(repr(MIGRATIONS).encode()).hexdigest()[:10]
+    path = CACHE / f"web-{count}-{schema}.db"
     if not path.exists():
         print(f"building an inbox of {count:,} events at {path} (once; cached)")
         build(path, count)

@@ -144,12 +144,12 @@ MIGRATIONS: tuple[Migration, ...] = (
         (
             "CREATE INDEX events_event_received ON events (event, received_at)",
             "CREATE INDEX events_job ON events (job_id)",
-            "CREATE INDEX deliveries_pending_sink ON deliveries (sink, next_attempt_at)"
+            "CREATE INDEX deliveries_pending_sink ON deliveries (sink, next_attempt_at, state)"
             " WHERE state = 'pending'",
             "CREATE INDEX deliveries_failing ON deliveries (updated_at)"
             " WHERE last_error IS NOT NULL",
-            "CREATE INDEX deliveries_dead_groups ON deliveries (sink, last_error, updated_at)"
-            " WHERE state = 'dead'",
+            "CREATE INDEX deliveries_dead_groups"
+            " ON deliveries (sink, last_error, updated_at, state) WHERE state = 'dead'",
         ),
     ),
 )

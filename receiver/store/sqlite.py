@@ -104,14 +104,16 @@ SCHEMA_V1: tuple[str, ...] = (
 )
 
 # The inbox page (receiver.store.browse): filter by event name or job id, the lanes' pending
-# deliveries by sink, the latest failures. The partial indexes hold only the rows they serve.
+# deliveries by sink, the latest failures, dead letters by sink and error. The partial indexes
+# hold only the rows they serve; their last column, state, lets SQLite answer from the index
+# alone (it does not infer the column from the index's WHERE).
 SCHEMA_V2_BROWSE: tuple[str, ...] = (
     "CREATE INDEX events_event_received ON events (event, received_at)",
     "CREATE INDEX events_job ON events (job_id)",
-    "CREATE INDEX deliveries_pending_sink ON deliveries (sink, next_attempt_at)"
+    "CREATE INDEX deliveries_pending_sink ON deliveries (sink, next_attempt_at, state)"
     " WHERE state = 'pending'",
     "CREATE INDEX deliveries_failing ON deliveries (updated_at) WHERE last_error IS NOT NULL",
-    "CREATE INDEX deliveries_dead_groups ON deliveries (sink, last_error, updated_at)"
+    "CREATE INDEX deliveries_dead_groups ON deliveries (sink, last_error, updated_at, state)"
     " WHERE state = 'dead'",
     "PRAGMA user_version = 2",
 )
