@@ -105,6 +105,9 @@ image-smoke:  ## the Dockerfile's build steps in a throwaway virtualenv
 	$(IMAGE_SMOKE)/opt/bin/pip install --quiet --no-cache-dir $(IMAGE_SMOKE)/src
 	RECEIVER_WEBHOOK_SECRETS=whsec_image_smoke $(IMAGE_SMOKE)/opt/bin/receiver check-config \
 		--config deploy/docker/config.toml
+	$(IMAGE_SMOKE)/opt/bin/python -c "from receiver.web import render, ui; \
+		assert (ui.STATIC / 'ui.css').is_file() and (ui.STATIC / 'ui.js').is_file(); \
+		[render.ENVIRONMENT.get_template(t) for t in render.ENVIRONMENT.list_templates()]"
 	rm -rf $(IMAGE_SMOKE)
 
 # --- Postgres: the store contract, outages, migrations and three replicas on one inbox --------

@@ -5,7 +5,9 @@ With ``admin.token`` set, a person signs in once with the token (``POST /ui/logi
 :data:`SESSION_SECONDS`. The cookie is ``{session id}.{expiry}.{HMAC}``, signed with a key drawn
 at random when the process starts: nothing is stored on the server, and every session ends when
 the receiver restarts. Without a token the page is served only while the ops listener is bound
-to a loopback address; each browser still gets a session, so that forms carry a CSRF token too.
+to a loopback address, and only to requests that name this machine (``Host: 127.0.0.1`` or
+``localhost``: no DNS rebinding); each browser still gets a session, so that forms carry a CSRF
+token too.
 
 Every state-changing request is a POST whose form carries ``csrf``, an HMAC of the session id:
 a page of another site cannot read it, so it cannot forge the form. A POST whose ``Origin``
@@ -35,6 +37,15 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def host_is_loopback(request: web.Request) -> bool:
+    """Whether the request names this machine in its Host header. Without a token, a page that
+    answered any name could be read by another site whose name was made to point at 127.0.0.1
+    (DNS rebinding); answering only loopback names closes that."""
+    host = request.host
+    bracketed = host.startswith("[")  # [::1]:9091
+    return is_loopback(host[1:].split("]", 1)[0] if bracketed else host.rsplit(":", 1)[0])
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ Every page goes through one guard (:meth:`InboxUi.guarded`) that decides, in thi
 1. no admin token and the ops listener is not on loopback: the page is off (403, saying why);
 2. a token is set and the request has no valid session: GETs go to the sign-in form, POSTs are
    refused (401);
-3. no token (loopback): a browser without a session gets one, so its forms carry a CSRF token;
+3. no token (loopback): a request naming another host than this machine is refused (no DNS
+   rebinding), and a browser without a session gets one, so its forms carry a CSRF token;
 4. a POST must carry the session's CSRF token and must not come from another origin (403).
 
 Unknown addresses get a 404 page, a GET on an action's address a 405 page, and a store that
@@ -30,6 +31,7 @@ from receiver.web.auth import (
     SESSION_COOKIE,
     Sessions,
     clear_session_cookie,
+    host_is_loopback,
     is_loopback,
     safe_next,
     same_origin,
@@ -110,6 +112,8 @@ class InboxUi:
             now = self._clock()
             if not self.enabled:
                 return self._disabled(View(now=now))
+            if self.open_mode and not host_is_loopback(request):
+                return self._foreign_host(View(now=now), request.host)
             session = self.sessions.verify(request.cookies.get(SESSION_COOKIE), now)
             new_cookie = None
             if session is None:
@@ -163,6 +167,17 @@ class InboxUi:
             f"{self._admin_host}, which other machines can reach: the inbox page is served "
             "without a token only on a loopback address. Set admin.token (or "
             "RECEIVER_ADMIN_TOKEN), or bind admin.host to 127.0.0.1.",
+        )
+
+    def _foreign_host(self, view: View, host: str) -> web.Response:
+        return render(
+            view,
+            "error.html",
+            status=403,
+            title="Inbox page off for this address",
+            message=f"Without admin.token the inbox page answers only to this machine's own "
+            f"names (127.0.0.1, localhost), not to {host!r}. Open it as "
+            "http://127.0.0.1:<admin.port>/ui/, or set admin.token.",
         )
 
     def _sign_in_first(self, request: web.Request, now: float) -> web.StreamResponse:

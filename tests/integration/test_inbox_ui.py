@@ -281,6 +281,11 @@ async def test_without_a_token_the_page_is_served_only_on_loopback(ops, tmp_path
     )
     assert response.status == 303
     assert (await client.get("/ui/login", allow_redirects=False)).status == 303
+    # Another site's name pointed at 127.0.0.1 (DNS rebinding) gets nothing.
+    rebound = await client.get("/ui/", headers={"Host": f"evil.test:{client.port}"})
+    assert rebound.status == 403
+    assert "answers only to this machine" in await rebound.text()
+    assert (await client.get("/ui/", headers={"Host": f"localhost:{client.port}"})).status == 200
 
 
 async def test_events_page_filters(ops):
