@@ -67,6 +67,8 @@ def parse_events_request(query: Mapping[str, str]) -> EventsRequest:
     sink = values["sink"] or None
     allowed = DELIVERY_STATES if sink else EVENT_STATES
     if state is not None and state not in allowed:
+        if state in DELIVERY_STATES:
+            raise BadFilter(f"state: {state} is a delivery state; choose a sink too")
         raise BadFilter(f"state: one of {', '.join(allowed)}")
     since = parse_time("since", values["since"]) if values["since"] else None
     until = parse_time("until", values["until"]) if values["until"] else None

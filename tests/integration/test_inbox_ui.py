@@ -227,6 +227,7 @@ async def test_unknown_ids_and_addresses_get_404_pages(ops):
     response = await client.post("/ui/nowhere", data={"csrf": token})
     assert response.status == 404
     assert "Bad filter" in await page(client, "/ui/events?state=exploded", 400)
+    assert "choose a sink too" in await page(client, "/ui/events?state=skipped", 400)
     assert "not a page cursor" in await page(client, "/ui/events?before=%%%", 400)
     assert "since" in await page(client, "/ui/events?since=yesterday", 400)
     assert (await client.get("/ui", allow_redirects=False)).headers["Location"] == "/ui/"
