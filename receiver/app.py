@@ -30,7 +30,7 @@ from receiver.secrets import SecretBox
 from receiver.sinks.base import Sink, SinkContext
 from receiver.sinks.loader import build_sinks
 from receiver.store import open_store
-from receiver.store.base import EVENT_STATES, Store
+from receiver.store.base import EVENT_STATES, LaneStats, Store
 from receiver.upstream import UpstreamClient
 from receiver.watchdog import Watchdog
 from receiver.web import InboxUi
@@ -225,8 +225,17 @@ class Runtime:
         counts, oldest = await self.store.counts()
         for state in EVENT_STATES:
             self.metrics.inbox_events.labels(state).set(counts.get(state, 0))
-        age = 0.0 if oldest is None else max(0.0, self.clock() - oldest)
+        now = self.clock()
+        age = 0.0 if oldest is None else max(0.0, now - oldest)
         self.metrics.inbox_oldest_pending_seconds.set(age)
+        lanes = await self.store.lane_stats(now=now)
+        for sink in self.settings.sinks:
+            stats = lanes.get(sink.name, LaneStats())
+            self.metrics.sink_backlog.labels(sink.name).set(stats.backlog)
+            due = stats.oldest_due
+            self.metrics.sink_oldest_due_seconds.labels(sink.name).set(
+                0.0 if due is None else max(0.0, now - due)
+            )
 
     async def _refresh_gauges(self) -> None:
         while True:

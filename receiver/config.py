@@ -73,6 +73,11 @@ class WorkerSettings:
     backoff_max_seconds: float = 600.0
     lease_seconds: float = 60.0
     poll_interval_seconds: float = 1.0
+    # A stored job snapshot is reused by later deliveries while younger than this.
+    job_max_age_seconds: float = 300.0
+    # Consecutive failed attempts that pause a sink's lane (0 = never), and the first pause.
+    circuit_failures: int = 5
+    circuit_pause_seconds: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -99,6 +104,7 @@ class SinkSettings:
     max_attempts: int | None = None
     concurrency: int | None = None
     timeout_seconds: float = 60.0
+    rate_limit_per_second: float = 0.0
     options: Mapping[str, Any] = field(default_factory=dict)
 
     def wants_event(self, event_name: str) -> bool:
@@ -122,6 +128,10 @@ class Settings:
 
     def sink_max_attempts(self, sink: SinkSettings) -> int:
         return sink.max_attempts or self.worker.max_attempts
+
+    def sink_concurrency(self, sink: SinkSettings) -> int:
+        """Sends in flight in the sink's lane (per process)."""
+        return sink.concurrency or self.worker.concurrency
 
 
 _SECTIONS: dict[str, type] = {
@@ -314,6 +324,12 @@ def _check_values(s: dict[str, Any], problems: list[str]) -> None:
         problems.append("worker.lease_seconds: must be at least 5")
     if worker.poll_interval_seconds <= 0:
         problems.append("worker.poll_interval_seconds: must be positive")
+    if worker.job_max_age_seconds < 0:
+        problems.append("worker.job_max_age_seconds: must be 0 (always fetch again) or more")
+    if worker.circuit_failures < 0:
+        problems.append("worker.circuit_failures: must be 0 (no circuit breaker) or more")
+    if worker.circuit_pause_seconds <= 0:
+        problems.append("worker.circuit_pause_seconds: must be positive")
     if log.level not in ("debug", "info", "warning", "error"):
         problems.append('log.level: must be "debug", "info", "warning" or "error"')
     if log.format not in ("auto", "json", "console"):
@@ -388,6 +404,11 @@ def _build_sinks(raw: Any, problems: list[str]) -> list[SinkSettings]:
         for key in ("max_attempts", "concurrency"):
             if key in values and values[key] < 1:
                 problems.append(f"{where}.{key}: must be at least 1")
+        rate = values.setdefault("rate_limit_per_second", spec.default_rate)
+        if rate < 0:
+            problems.append(f"{where}.rate_limit_per_second: must be 0 (no limit) or more")
+        else:
+            values["rate_limit_per_second"] = float(rate)
         if values.get("timeout_seconds", 1) <= 0:
             problems.append(f"{where}.timeout_seconds: must be positive")
         if len(problems) > before:

@@ -4,18 +4,24 @@ The webhook body is only a hint. The job is fetched again, and for ``job.complet
 named in the event's ``asset_ids`` is fetched for its current status and a fresh signed
 ``file_url`` (the URLs in the webhook may have expired). Only when the event names no asset ids
 are the fresh job's ``urls`` used. Anything not finished yet raises :class:`NotReady`, so the
-delivery is retried later instead of skipping a file.
+event is tried again later instead of skipping a file.
+
+What is fetched is a :class:`~receiver.store.base.Snapshot`, stored with the event once and
+shared by all of its deliveries (:meth:`Enricher.fetch`); :meth:`Enricher.build` turns a record
+and its snapshot into the :class:`Enriched` event the sinks get, without any upstream call.
+:meth:`Enricher.refresh` fetches again only what went stale: the assets whose signed URLs were
+refused, or everything once the snapshot is older than ``worker.job_max_age_seconds``.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any, Protocol
 
 from receiver.errors import NotReady, TransientError
 from receiver.events import Enriched, FileRef
-from receiver.store.base import EventRecord
+from receiver.store.base import EventRecord, Snapshot
 
 UNFINISHED_JOB_STATES = frozenset({"pending", "processing"})
 ASSET_READY = "completed"
@@ -30,43 +36,74 @@ class JobSource(Protocol):
 
 
 class Enricher:
-    """Builds :class:`Enriched` events from stored ones, using the upstream API."""
+    """Fetches snapshots for stored events from the upstream API and builds :class:`Enriched`
+    events from them."""
 
     def __init__(self, upstream: JobSource, *, clock: Callable[[], float]) -> None:
         self._upstream = upstream
         self._clock = clock
 
-    async def enrich(self, record: EventRecord) -> Enriched:
-        """Fetch the fresh job (and assets) for a stored event; raise DeliveryError if not ready."""
-        payload = record.payload()
+    async def fetch(self, record: EventRecord) -> Snapshot:
+        """The fresh job (and assets) for a stored event; raise DeliveryError if not ready."""
+        started = self._clock()
         job = await self._upstream.get_job(record.job_id)
         status = job.get("status")
         if status in UNFINISHED_JOB_STATES:
             raise NotReady(f"job {record.job_id} is still {status}")
         assets: list[Mapping[str, Any]] = []
-        files: list[FileRef] = []
         if status == "completed" and record.event == "job.completed":
-            asset_ids = _asset_ids(payload)
+            asset_ids = _asset_ids(record.payload())
             if asset_ids:
                 assets = await self._fetch_assets(asset_ids)
+        # The time the fetch began: a signed URL's clock starts no later than that.
+        return Snapshot(job=job, assets=tuple(assets), fetched_at=started)
+
+    async def refresh(
+        self, record: EventRecord, snapshot: Snapshot, asset_ids: Collection[str]
+    ) -> Snapshot:
+        """A snapshot with the named assets fetched again (their signed URLs were refused);
+        everything is fetched again when a file came from the job's own ``urls``."""
+        known = {str(a.get("id")): i for i, a in enumerate(snapshot.assets)}
+        if not asset_ids or any(asset_id not in known for asset_id in asset_ids):
+            return await self.fetch(record)
+        started = self._clock()
+        wanted = {asset_id: asset_id for asset_id in asset_ids}
+        fresh = await self._fetch_assets(wanted)
+        assets = list(snapshot.assets)
+        for asset_id, asset in zip(wanted, fresh, strict=True):
+            assets[known[asset_id]] = asset
+        return Snapshot(job=snapshot.job, assets=tuple(assets), fetched_at=started)
+
+    def build(self, record: EventRecord, snapshot: Snapshot) -> Enriched:
+        """The enriched event the sinks get, from a stored event and its snapshot."""
+        payload = record.payload()
+        job = snapshot.job
+        files: list[FileRef] = []
+        if job.get("status") == "completed" and record.event == "job.completed":
+            asset_ids = _asset_ids(payload)
+            if asset_ids and len(snapshot.assets) == len(asset_ids):
                 files = [
                     _asset_file(asset, key, job)
-                    for key, asset in zip(asset_ids, assets, strict=True)
+                    for key, asset in zip(asset_ids, snapshot.assets, strict=True)
                 ]
-            else:
+            elif not asset_ids:
                 files = _job_url_files(job)
         return Enriched(
             event_id=record.id,
             event_name=record.event,
             payload=payload,
             job=job,
-            assets=tuple(assets),
+            assets=tuple(snapshot.assets),
             files=tuple(files),
             received_at=record.received_at,
             processed_at=self._clock(),
         )
 
-    async def _fetch_assets(self, asset_ids: dict[str, str]) -> list[Mapping[str, Any]]:
+    async def enrich(self, record: EventRecord) -> Enriched:
+        """Fetch and build in one go (for one-shot tools)."""
+        return self.build(record, await self.fetch(record))
+
+    async def _fetch_assets(self, asset_ids: Mapping[str, str]) -> list[Mapping[str, Any]]:
         fetches: list[Awaitable[dict[str, Any]]] = [
             self._upstream.get_asset(asset_id) for asset_id in asset_ids.values()
         ]

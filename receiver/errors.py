@@ -14,6 +14,7 @@ talks to the library, so callers never see a driver's exception::
     └── DeliveryError               one processing attempt failed (has ``retry_after``)
         ├── TransientError          worth retrying with backoff (5xx, 429, timeouts, not ready)
         │   ├── NotReady            the job or an asset is not finished yet
+        │   │   └── UrlRefused      a file's signed URL was refused (403): maybe expired
         │   └── UpstreamAuthError   the upstream refused the API key (401/403): retried, loud
         └── PermanentError          retrying cannot help (404 job, 410 Gone): dead at once
 
@@ -88,6 +89,20 @@ class TransientError(DeliveryError):
 
 class NotReady(TransientError):
     """The job or one of its assets is not ready yet."""
+
+
+class UrlRefused(NotReady):
+    """A file's signed URL was refused; it may have expired."""
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        asset_ids: tuple[str, ...] = (),
+        retry_after: float | None = None,
+    ) -> None:
+        self.asset_ids = asset_ids  # the assets whose URLs to fetch again
+        super().__init__(message, retry_after=retry_after)
 
 
 class UpstreamAuthError(TransientError):

@@ -96,6 +96,24 @@ class Metrics:
             "Age of the oldest event still pending (0 when none).",
             registry=r,
         )
+        self.sink_backlog = Gauge(
+            "receiver_sink_backlog",
+            "Deliveries due and waiting in each sink's lane (their job fetched, none in flight).",
+            ["sink"],
+            registry=r,
+        )
+        self.sink_oldest_due_seconds = Gauge(
+            "receiver_sink_oldest_due_seconds",
+            "How long the oldest due delivery of each lane has waited (0 when none).",
+            ["sink"],
+            registry=r,
+        )
+        self.sink_in_flight = Gauge(
+            "receiver_sink_in_flight",
+            "Deliveries being sent by this process, per sink.",
+            ["sink"],
+            registry=r,
+        )
         self.event_lag = Histogram(
             "receiver_event_lag_seconds",
             "Time from receipt to the last sink delivery done.",

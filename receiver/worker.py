@@ -1,10 +1,17 @@
-"""Workers: claim due events, enrich them, hand them to sinks, settle each delivery.
+"""Workers: enrich each event once, then let every sink's lane deliver it at its own pace.
 
-One :class:`Worker` runs a claim loop and processes up to ``worker.concurrency`` events at once;
-each sink additionally has its own limit of deliveries in flight. Every delivery is settled on its
-own as soon as its sink answers, so a slow or failing sink never holds the others back. A claim
-is leased: the lease is extended while the event is being processed and released at the end; a
-worker that dies loses its claims when the lease runs out and another worker takes them over.
+A :class:`Worker` runs, in one process:
+
+- the *enrichment* loop: claims events that have no snapshot yet (up to ``worker.concurrency``
+  at once), fetches the fresh job and assets once per event and stores them with it; a failure
+  backs off on the event, and after ``worker.max_attempts`` every pending delivery of the event
+  is dead with that error (``events redeliver`` recovers it);
+- one :class:`~receiver.lanes.Lane` per sink, each claiming only what that sink may send now;
+- the lease heartbeat, extending the leases of everything in flight.
+
+Every claim is leased: a worker that dies loses its claims when the lease runs out and another
+worker takes them over. ``stop()`` stops claiming, lets work in flight finish within the drain
+time, then cancels the rest and releases its leases.
 """
 
 from __future__ import annotations
@@ -16,27 +23,28 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import structlog
 
-from receiver import faults
 from receiver.config import Settings
 from receiver.enrich import Enricher
 from receiver.errors import DeliveryError, StoreError, TransientError, UnknownEvent
-from receiver.events import Enriched
+from receiver.lanes import Finish, Lane, LaneContext, Snapshots, policy_for
 from receiver.logs import get_logger
 from receiver.metrics import Metrics
 from receiver.retry import RetryPolicy
 from receiver.sinks.base import Sink
-from receiver.store.base import Claim, DeliveryRecord, Outcome, Store
+from receiver.store.base import DeliveryKey, EventRecord, Leases, Outcome, Store
 
 log = get_logger("receiver.worker")
 
+MIN_WAIT_SECONDS = 0.005
+
 
 class Worker:
-    """The processing loop. ``start()`` it, ``wake()`` it on new events, ``stop()`` it."""
+    """The processing loops. ``start()`` them, ``wake()`` them on new events, ``stop()`` them."""
 
     def __init__(
         self,
@@ -60,44 +68,82 @@ class Worker:
         self._concurrency = worker.concurrency
         self._lease = worker.lease_seconds
         self._poll = worker.poll_interval_seconds
-        self._policies = {
-            sink.name: RetryPolicy(
-                initial=worker.backoff_initial_seconds,
-                maximum=worker.backoff_max_seconds,
-                max_attempts=settings.sink_max_attempts(sink.settings),
+        self._enrich_policy = RetryPolicy(
+            initial=worker.backoff_initial_seconds,
+            maximum=worker.backoff_max_seconds,
+            max_attempts=worker.max_attempts,
+        )
+        self._finish = Finish(metrics, clock)
+        context = LaneContext(
+            store=store,
+            snapshots=Snapshots(
+                store=store, enricher=enricher, max_age=worker.job_max_age_seconds, clock=clock
+            ),
+            enricher=enricher,
+            metrics=metrics,
+            finish=self._finish,
+            owner=self.owner,
+            lease_seconds=self._lease,
+            poll_seconds=self._poll,
+            clock=clock,
+        )
+        self.lanes: dict[str, Lane] = {
+            sink.name: Lane(
+                sink=sink,
+                policy=policy_for(
+                    sink,
+                    circuit_failures=worker.circuit_failures,
+                    circuit_pause=worker.circuit_pause_seconds,
+                    circuit_max=worker.backoff_max_seconds,
+                ),
+                concurrency=settings.sink_concurrency(sink.settings),
+                retry=RetryPolicy(
+                    initial=worker.backoff_initial_seconds,
+                    maximum=worker.backoff_max_seconds,
+                    max_attempts=settings.sink_max_attempts(sink.settings),
+                ),
+                context=context,
             )
-            for sink in sinks
-        }
-        self._sink_slots = {
-            sink.name: asyncio.Semaphore(sink.settings.concurrency or worker.concurrency)
             for sink in sinks
         }
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
-        self._active: dict[str, asyncio.Task[None]] = {}
-        self._loop_task: asyncio.Task[None] | None = None
+        self._enriching: dict[str, asyncio.Task[None]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
         self._heartbeat_task: asyncio.Task[None] | None = None
 
     @property
     def running(self) -> bool:
-        return self._loop_task is not None and not self._loop_task.done()
+        return bool(self._tasks) and not any(task.done() for task in self._tasks)
 
     def wake(self) -> None:
-        """Look for work now instead of at the next poll."""
+        """Look for work now instead of at the next poll (new events, a redelivery)."""
         self._wake.set()
+        for lane in self.lanes.values():
+            lane.wake()
 
     def start(self) -> None:
-        self._loop_task = asyncio.create_task(self._run(), name="worker-loop")
+        self._tasks = [asyncio.create_task(self._run(), name="enrich-loop")]
+        self._tasks += [
+            asyncio.create_task(lane.run(self._stopping), name=f"lane-{name}")
+            for name, lane in self.lanes.items()
+        ]
         self._heartbeat_task = asyncio.create_task(self._heartbeat(), name="worker-leases")
         self._store.on_new_events(self.wake)
 
+    def _in_flight(self) -> list[asyncio.Task[None]]:
+        tasks = list(self._enriching.values())
+        for lane in self.lanes.values():
+            tasks.extend(lane.in_flight.values())
+        return tasks
+
     async def stop(self, timeout: float) -> None:
-        """Stop claiming, give in-flight events ``timeout`` seconds, then cancel and release."""
+        """Stop claiming, give work in flight ``timeout`` seconds, then cancel and release."""
         self._stopping.set()
-        self._wake.set()
-        if self._loop_task:
-            await self._loop_task
-        pending = list(self._active.values())
+        self.wake()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        pending = self._in_flight()
         if pending:
             _done, still = await asyncio.wait(pending, timeout=timeout)
             for task in still:
@@ -110,179 +156,167 @@ class Worker:
                 await self._heartbeat_task
 
     async def run_until_idle(self, timeout: float = 30.0) -> None:
-        """Process everything due now and wait for it (for tests and one-shot tools)."""
+        """Process everything that may run now and wait for it (for tests and one-shot tools).
+
+        A paced lane out of tokens, or a paused one, is left for later.
+        """
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            claimed = await self._claim_batch()
-            if not claimed and not self._active:
+            claimed = await self._claim_enrichment()
+            for lane in self.lanes.values():
+                claimed += (await lane.claim())[0]
+            active = self._in_flight()
+            if not claimed and not active:
                 return
-            if self._active:
-                await asyncio.wait(list(self._active.values()))
+            if active:
+                await asyncio.wait(active)
         raise TimeoutError("worker did not become idle in time")
+
+    # -- enrichment -----------------------------------------------------------------------------
 
     async def _run(self) -> None:
         failures = 0
         while not self._stopping.is_set():
+            self._wake.clear()
             try:
-                claimed = await self._claim_batch()
+                claimed = await self._claim_enrichment()
                 failures = 0
             except StoreError as exc:
                 failures += 1
                 delay = min(30.0, self._poll * 2**failures)
-                log.warning("claim failed; retrying", error=str(exc), retry_in=round(delay, 1))
+                log.warning("claim failed; retrying", error=exc.message, retry_in=round(delay, 1))
                 await self._sleep(delay)
                 continue
-            if claimed and len(self._active) < self._concurrency:
+            if claimed and len(self._enriching) < self._concurrency:
                 continue
             await self._sleep(self._poll)
 
     async def _sleep(self, seconds: float) -> None:
         """Wait for ``seconds``, a wake-up, or a free slot, whichever comes first."""
-        self._wake.clear()
         woken = asyncio.ensure_future(self._wake.wait())
         waiters: set[asyncio.Future[Any]] = {woken}
-        if len(self._active) >= self._concurrency:
-            waiters.update(self._active.values())
+        if len(self._enriching) >= self._concurrency:
+            waiters.update(self._enriching.values())
         try:
             await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
         finally:
             woken.cancel()
 
-    async def _claim_batch(self) -> int:
-        free = self._concurrency - len(self._active)
+    async def _claim_enrichment(self) -> int:
+        free = self._concurrency - len(self._enriching)
         if free <= 0 or self._stopping.is_set():
             return 0
-        claims = await self._store.claim(
+        records = await self._store.claim_enrichment(
             owner=self.owner, limit=free, lease_seconds=self._lease, now=self._clock()
         )
-        for claim in claims:
-            task = asyncio.create_task(self._process(claim), name=f"event-{claim.event.id}")
-            self._active[claim.event.id] = task
-            task.add_done_callback(functools.partial(self._forget, claim.event.id))
-        return len(claims)
+        for record in records:
+            task = asyncio.create_task(self._enrich(record), name=f"enrich-{record.id}")
+            self._enriching[record.id] = task
+            task.add_done_callback(functools.partial(self._enriched, record.id))
+        return len(records)
 
-    def _forget(self, event_id: str, task: asyncio.Task[None]) -> None:
-        self._active.pop(event_id, None)
+    def _enriched(self, event_id: str, task: asyncio.Task[None]) -> None:
+        self._enriching.pop(event_id, None)
+        self._wake.set()
         if not task.cancelled() and task.exception() is not None:
-            # Nothing is lost (the lease runs out and the event is claimed again), but say so.
+            log.error("event processing crashed", event_id=event_id, exc_info=task.exception())
+
+    async def _enrich(self, record: EventRecord) -> None:
+        structlog.contextvars.bind_contextvars(event_id=record.id, job_id=record.job_id)
+        try:
+            try:
+                snapshot = await self._enricher.fetch(record)
+            except asyncio.CancelledError:
+                with contextlib.suppress(StoreError):
+                    await asyncio.shield(
+                        self._store.release(Leases(events=(record.id,)), owner=self.owner)
+                    )
+                raise
+            except Exception as exc:
+                await self._enrich_failed(record, exc)
+                return
+            job_type = self._enricher.build(record, snapshot).job_type
+            finished = dict(self._finished(record, job_type))
+            try:
+                state = await self._store.save_snapshot(
+                    record.id, snapshot, finished=finished, now=self._clock()
+                )
+            except (StoreError, UnknownEvent) as exc:
+                log.error("could not store the fetched job", error=str(exc))
+                return
+            for sink, outcome in finished.items():
+                self._metrics.sink_deliveries.labels(
+                    sink, "skipped" if outcome.state == "skipped" else "dead"
+                ).inc()
+            self._finish(record, state)
+            for d in record.deliveries:
+                lane = self.lanes.get(d.sink)
+                if lane is not None and d.state == "pending":
+                    lane.wake()
+        finally:
+            structlog.contextvars.unbind_contextvars("event_id", "job_id")
+
+    def _finished(self, record: EventRecord, job_type: str | None) -> Iterable[tuple[str, Outcome]]:
+        """Pending deliveries settled with the snapshot: sinks whose ``job_types`` filter the
+        fresh job does not match (skipped), and sinks no longer configured (dead)."""
+        for d in record.deliveries:
+            if d.state != "pending":
+                continue
+            sink = self._sinks.get(d.sink)
+            if sink is None:
+                yield d.sink, Outcome("dead", error=f"sink {d.sink} is no longer configured")
+            elif not sink.settings.wants_job_type(job_type):
+                yield d.sink, Outcome("skipped", attempted=False)
+
+    async def _enrich_failed(self, record: EventRecord, exc: Exception) -> None:
+        error: BaseException = exc
+        if not isinstance(exc, DeliveryError):
+            log.error("unexpected error while fetching the job", exc_info=exc)
+            error = TransientError(f"unexpected error: {type(exc).__name__}: {exc}")
+        attempts = record.enrich_attempts + 1
+        decision = self._enrich_policy.decide(error, attempts)
+        retry_at = None if decision.dead else self._clock() + decision.delay
+        pending = [d.sink for d in record.deliveries if d.state == "pending"]
+        try:
+            state = await self._store.fail_enrichment(
+                record.id, error=decision.reason, retry_at=retry_at, now=self._clock()
+            )
+        except (StoreError, UnknownEvent) as exc2:
+            log.error("could not record a failed fetch", error=str(exc2))
+            return
+        for sink in pending:
+            self._metrics.sink_deliveries.labels(sink, "dead" if decision.dead else "retry").inc()
+        if decision.dead:
             log.error(
-                "event processing crashed",
-                event_id=event_id,
-                exc_info=task.exception(),
+                "event dead: the job could not be fetched", attempts=attempts, error=decision.reason
+            )
+            self._finish(record, state)
+        else:
+            log.warning(
+                "fetching the job failed; will retry",
+                attempt=attempts,
+                retry_in=round(decision.delay, 2),
+                error=decision.reason,
             )
 
+    # -- leases ---------------------------------------------------------------------------------
+
+    def _leases(self) -> Leases:
+        deliveries: list[DeliveryKey] = []
+        for lane in self.lanes.values():
+            deliveries.extend(lane.in_flight)
+        return Leases(events=tuple(self._enriching), deliveries=tuple(deliveries))
+
     async def _heartbeat(self) -> None:
-        """Extend the leases of events still in progress, well before they run out."""
+        """Extend the leases of work still in progress, well before they run out."""
         while True:
             await asyncio.sleep(self._lease / 3)
-            if not self._active:
+            leases = self._leases()
+            if not leases:
                 continue
             try:
-                await self._store.extend_lease(
-                    list(self._active),
-                    owner=self.owner,
-                    lease_seconds=self._lease,
-                    now=self._clock(),
+                await self._store.extend_leases(
+                    leases, owner=self.owner, lease_seconds=self._lease, now=self._clock()
                 )
             except StoreError as exc:
                 log.warning("lease extension failed", error=str(exc))
-
-    async def _process(self, claim: Claim) -> None:
-        event = claim.event
-        structlog.contextvars.bind_contextvars(event_id=event.id, job_id=event.job_id)
-        try:
-            try:
-                enriched = await self._enricher.enrich(event)
-            except Exception as exc:
-                if not isinstance(exc, DeliveryError):
-                    log.exception("unexpected error while fetching the job")
-                    exc = TransientError(f"unexpected error: {type(exc).__name__}: {exc}")
-                await asyncio.gather(*(self._fail(d, exc) for d in claim.due))
-            else:
-                await asyncio.gather(*(self._deliver(d, enriched) for d in claim.due))
-            await self._record_finish(claim)
-        finally:
-            with contextlib.suppress(StoreError):
-                await asyncio.shield(self._store.release([event.id], owner=self.owner))
-            structlog.contextvars.unbind_contextvars("event_id", "job_id")
-
-    async def _deliver(self, delivery: DeliveryRecord, enriched: Enriched) -> None:
-        sink = self._sinks.get(delivery.sink)
-        if sink is None:
-            await self._settle(
-                delivery,
-                Outcome("dead", error=f"sink {delivery.sink} is no longer configured"),
-                "dead",
-            )
-            return
-        if not sink.settings.wants_job_type(enriched.job_type):
-            await self._settle(delivery, Outcome("skipped", attempted=False), "skipped")
-            return
-        async with self._sink_slots[sink.name]:
-            started = time.monotonic()
-            try:
-                async with asyncio.timeout(sink.settings.timeout_seconds):
-                    await sink.send(enriched)
-            except Exception as exc:
-                if isinstance(exc, TimeoutError):
-                    exc = TransientError(f"timed out after {sink.settings.timeout_seconds:g} s")
-                elif not isinstance(exc, DeliveryError):
-                    log.exception("unexpected sink error", sink=sink.name)
-                    exc = TransientError(f"unexpected error: {type(exc).__name__}: {exc}")
-                await self._fail(delivery, exc)
-                return
-            finally:
-                self._metrics.sink_delivery_seconds.labels(sink.name).observe(
-                    time.monotonic() - started
-                )
-        faults.reached("after_sink_success")
-        await self._settle(delivery, Outcome("done"), "success")
-        log.info("delivered", sink=sink.name, attempt=delivery.attempts + 1)
-
-    async def _fail(self, delivery: DeliveryRecord, error: BaseException) -> None:
-        policy = self._policies.get(delivery.sink)
-        attempts = delivery.attempts + 1
-        if policy is None:
-            decision_dead, delay, reason = True, 0.0, str(error)
-        else:
-            decision = policy.decide(error, attempts)
-            decision_dead, delay, reason = decision.dead, decision.delay, decision.reason
-        if decision_dead:
-            await self._settle(delivery, Outcome("dead", error=reason), "dead")
-            log.error("delivery dead", sink=delivery.sink, attempts=attempts, error=reason)
-        else:
-            await self._settle(
-                delivery,
-                Outcome("pending", error=reason, next_attempt_at=self._clock() + delay),
-                "retry",
-            )
-            log.warning(
-                "delivery failed; will retry",
-                sink=delivery.sink,
-                attempt=attempts,
-                retry_in=round(delay, 2),
-                error=reason,
-            )
-
-    async def _settle(self, delivery: DeliveryRecord, outcome: Outcome, metric: str) -> None:
-        self._metrics.sink_deliveries.labels(delivery.sink, metric).inc()
-        try:
-            await self._store.settle(delivery.event_id, delivery.sink, outcome, now=self._clock())
-        except (StoreError, UnknownEvent) as exc:
-            # The lease runs out and the delivery is attempted again: at-least-once.
-            log.error("could not record a delivery result", sink=delivery.sink, error=str(exc))
-
-    async def _record_finish(self, claim: Claim) -> None:
-        """Count the event as processed (and its lag) once no delivery is left pending."""
-        try:
-            record = await self._store.get(claim.event.id)
-        except StoreError:
-            return
-        if record is None or record.state == "pending":
-            return
-        self._metrics.events.labels(
-            record.event, "processed" if record.state == "done" else "dead"
-        ).inc()
-        if record.state == "done":
-            self._metrics.event_lag.observe(max(0.0, self._clock() - record.received_at))
-            log.info("event processed", event_name=record.event)

@@ -48,6 +48,7 @@ class Capture:
         self.in_flight = 0
         self.max_in_flight = 0
         self.answers: list[int] = []
+        self.times: list[float] = []  # time.monotonic() as each request arrived
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -59,6 +60,7 @@ class Capture:
 
     async def handle(self, request: web.Request) -> web.Response:
         body = await request.read()
+        self.times.append(time.monotonic())
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from receiver.cli.common import settings_from, with_config
-from receiver.config import Settings, StoreSettings, masked
+from receiver.config import Settings, SinkSettings, StoreSettings, masked
 from receiver.errors import ConfigError
 
 
@@ -54,14 +54,22 @@ def describe(settings: Settings) -> str:
         f"  store            {_store_summary(s.store)}",
         f"  workers          concurrency {s.worker.concurrency}, max attempts "
         f"{s.worker.max_attempts}, backoff {s.worker.backoff_initial_seconds:g}-"
-        f"{s.worker.backoff_max_seconds:g} s",
-        f"  sinks            {len(s.sinks)}",
+        f"{s.worker.backoff_max_seconds:g} s, job max age {s.worker.job_max_age_seconds:g} s",
+        f"  sinks            {len(s.sinks)} (one lane each)",
     ]
     for sink in s.sinks:
         events = ", ".join(sink.events) or "all events"
         job_types = f"; job types {', '.join(sink.job_types)}" if sink.job_types else ""
         lines.append(f"    - {sink.name} ({sink.type}): {events}{job_types}")
+        lines.append(f"      lane: {lane_summary(s, sink)}")
     return "\n".join(lines)
+
+
+def lane_summary(settings: Settings, sink: SinkSettings) -> str:
+    """A sink's lane: sends in flight and pace."""
+    rate = sink.rate_limit_per_second
+    pace = f"rate {rate:g}/s" if rate > 0 else "rate unlimited"
+    return f"concurrency {settings.sink_concurrency(sink)}, {pace}"
 
 
 def _store_summary(store: StoreSettings) -> str:

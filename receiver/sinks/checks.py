@@ -132,8 +132,6 @@ def check_chat(values: Mapping[str, Any]) -> list[str]:
         problems += [
             f"template: {p}" for p in template_problems(template, MESSAGE_FIELDS, url_fields=True)
         ]
-    if values["rate_limit_per_second"] < 0:
-        problems.append("rate_limit_per_second: must be 0 (no limit) or more")
     return problems
 
 

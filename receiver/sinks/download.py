@@ -31,7 +31,13 @@ from aiohttp.abc import AbstractResolver
 from yarl import URL
 
 from receiver.config import SinkSettings
-from receiver.errors import DeliveryError, NotReady, PermanentError, TransientError
+from receiver.errors import (
+    DeliveryError,
+    NotReady,
+    PermanentError,
+    TransientError,
+    UrlRefused,
+)
 from receiver.events import Enriched, FileRef
 from receiver.logs import get_logger, redact_url
 from receiver.metrics import Metrics
@@ -287,22 +293,27 @@ class DownloadSink:
         if self._client is None or self._root is None:
             await self.open()
         not_ready: list[NotReady] = []
+        refused: list[str] = []
         for ref in enriched.files:
             try:
                 async with asyncio.timeout(self.settings.timeout_seconds):
                     await self._download(ref)
             except NotReady as exc:
                 not_ready.append(exc)  # the others may be ready: fetch them now
+                if isinstance(exc, UrlRefused):
+                    refused.append(ref.asset_id)
             except TimeoutError:
                 raise TransientError(
                     f"asset {ref.asset_type} {ref.asset_id}: timed out after "
                     f"{self.settings.timeout_seconds:g} s"
                 ) from None
         if not_ready:
-            raise NotReady(
-                "; ".join(e.message for e in not_ready),
-                retry_after=max((e.retry_after or 0.0 for e in not_ready), default=0.0) or None,
-            )
+            message = "; ".join(e.message for e in not_ready)
+            retry_after = max((e.retry_after or 0.0 for e in not_ready), default=0.0) or None
+            if refused:
+                # The caller fetches those assets' URLs again before the next attempt.
+                raise UrlRefused(message, asset_ids=tuple(refused), retry_after=retry_after)
+            raise NotReady(message, retry_after=retry_after)
 
     def target(self, ref: FileRef, ext: str) -> Path:
         """Where ``ref`` is written once its extension is known; never outside the directory."""
@@ -355,12 +366,15 @@ class DownloadSink:
         status = response.status
         if status == 200:
             return
-        if status in (403, 404):
-            raise NotReady(f"{what} file not ready (HTTP {status})")
+        if status == 403:  # the signed URL expired, or the file does not exist yet
+            raise UrlRefused(f"{what} file not ready (HTTP 403)")
+        if status == 404:
+            raise NotReady(f"{what} file not ready (HTTP 404)")
         if status == 429:
             raise TransientError(
                 f"{what}: rate limited (HTTP 429)",
                 retry_after=parse_retry_after(response.headers.get("Retry-After")),
+                status=429,
             )
         if status >= 500:
             raise TransientError(f"{what}: HTTP {status}")

@@ -67,4 +67,4 @@ async def post(
     message = f"POST {shown_url}: HTTP {status}" + (f" {detail}" if detail else "")
     if is_permanent(status):
         raise PermanentError(message)
-    raise TransientError(message, retry_after=retry_after)
+    raise TransientError(message, retry_after=retry_after, status=status)

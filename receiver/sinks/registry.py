@@ -36,6 +36,8 @@ class SinkType:
     import_name: str | None = None  # the library the extra provides
     # Checks across keys and of values (URL schemes, templates); see receiver.sinks.checks.
     check: Callable[[Mapping[str, Any]], list[str]] | None = None
+    # The lane's rate_limit_per_second when the config gives none (0 = unlimited).
+    default_rate: float = 0.0
 
 
 # Keys every [[sinks]] table may carry, whatever its type.
@@ -46,6 +48,9 @@ COMMON_KEYS: dict[str, Option] = {
     "job_types": Option(list, item_kind=str, default=(), help="upstream job types; default all"),
     "max_attempts": Option(int, help="attempts before dead; default [worker].max_attempts"),
     "concurrency": Option(int, help="deliveries in flight; default [worker].concurrency"),
+    "rate_limit_per_second": Option(
+        float, help="this lane's sends per second; 0 = no limit; default by type"
+    ),
     "timeout_seconds": Option((int, float), default=60.0, help="limit for one delivery"),
 }
 
@@ -116,10 +121,8 @@ SINK_TYPES: dict[str, SinkType] = {
                 str, default="slack", choices=("slack", "discord", "teams", "generic")
             ),
             "template": Option(str, help="message text with {fields}; default names the job"),
-            "rate_limit_per_second": Option(
-                float, default=1.0, help="messages per second; 0 for no limit"
-            ),
         },
+        default_rate=1.0,  # Slack's documented rate for incoming webhooks
     ),
     "http": SinkType(
         module="receiver.sinks.http",

@@ -7,24 +7,22 @@ plus the event's fields as JSON). The text is ``template`` with the event's name
 the item and, for failures, the job's error. Values from the event are escaped for Slack's
 markup, so an item name cannot mention ``@channel`` or forge a link.
 
-Messages are paced at ``rate_limit_per_second`` (default 1, Slack's documented rate for incoming
-webhooks); a 429's ``Retry-After`` pauses the whole sink for that long and the delivery is
-retried after it. A 4xx other than 408/429 (hook removed, channel archived, payload refused) is
-dead at once; 5xx and network errors are retried.
+Messages are paced by the sink's lane at ``rate_limit_per_second`` (default 1, Slack's
+documented rate for incoming webhooks; see :mod:`receiver.lanes`): ``send`` never waits for a
+slot. A 429's ``Retry-After`` is raised with the error, and the lane pauses for that long, on
+every replica. A 4xx other than 408/429 (hook removed, channel archived, payload refused) is dead
+at once; 5xx and network errors are retried.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
 
 from receiver.config import SinkSettings
-from receiver.errors import TransientError
 from receiver.events import Enriched
 from receiver.sinks.base import SinkContext
 from receiver.sinks.posting import origin, post
@@ -135,45 +133,10 @@ def build_message(fmt: str, enriched: Enriched, template: str | None = None) -> 
     }
 
 
-class Pacer:
-    """Spaces messages at most ``rate`` per second; a server's ``Retry-After`` pushes the
-    next slot back. Synchronous bookkeeping, so concurrent sends on one loop need no lock."""
-
-    def __init__(self, rate: float, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self._interval = 1.0 / rate if rate > 0 else 0.0
-        self._next = 0.0
-        self._clock = clock
-
-    def reserve(self, max_wait: float) -> float:
-        """Take the next slot and return how long to wait for it; when that is longer than
-        ``max_wait``, take nothing and raise TransientError to retry after it instead."""
-        now = self._clock()
-        slot = max(now, self._next)
-        wait = slot - now
-        if wait > max_wait:
-            raise TransientError(
-                f"paced: the next message slot is {wait:.1f} s away", retry_after=wait
-            )
-        self._next = slot + self._interval
-        return wait
-
-    def hold_off(self, seconds: float) -> None:
-        """Send nothing for ``seconds`` (the server asked us to slow down)."""
-        self._next = max(self._next, self._clock() + seconds)
-
-
 class ChatSink:
-    """Posts a message per event. Options: ``url``, ``format``, ``template``,
-    ``rate_limit_per_second``."""
+    """Posts a message per event. Options: ``url``, ``format``, ``template``."""
 
-    def __init__(
-        self,
-        settings: SinkSettings,
-        *,
-        session: aiohttp.ClientSession,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    ) -> None:
+    def __init__(self, settings: SinkSettings, *, session: aiohttp.ClientSession) -> None:
         options = settings.options
         self.name = settings.name
         self.settings = settings
@@ -182,8 +145,6 @@ class ChatSink:
         self.template: str | None = options.get("template")
         self._shown_url = origin(self._url)
         self._session = session
-        self._pacer = Pacer(float(options.get("rate_limit_per_second", 1.0)), clock=clock)
-        self._sleep = sleep
 
     async def open(self) -> None:
         """Nothing to open: requests use the process's shared HTTP session."""
@@ -192,25 +153,17 @@ class ChatSink:
         """Nothing to close."""
 
     async def send(self, enriched: Enriched) -> None:
-        """Post the message once a slot is free; raise a DeliveryError unless it was taken."""
+        """Post the message; raise a DeliveryError unless the hook took it."""
         body = build_message(self.format, enriched, self.template)
-        wait = self._pacer.reserve(max_wait=self.settings.timeout_seconds / 2)
-        if wait > 0:
-            await self._sleep(wait)
         data = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
-        try:
-            await post(
-                self._session,
-                self._url,
-                data,
-                {"Content-Type": "application/json"},
-                shown_url=self._shown_url,
-                is_permanent=lambda s: 400 <= s < 500 and s not in _RETRYABLE_4XX,
-            )
-        except TransientError as exc:
-            if exc.retry_after is not None:
-                self._pacer.hold_off(exc.retry_after)
-            raise
+        await post(
+            self._session,
+            self._url,
+            data,
+            {"Content-Type": "application/json"},
+            shown_url=self._shown_url,
+            is_permanent=lambda s: 400 <= s < 500 and s not in _RETRYABLE_4XX,
+        )
 
 
 def create(settings: SinkSettings, context: SinkContext) -> ChatSink:

@@ -11,10 +11,9 @@ import importlib
 
 from receiver.config import StoreSettings
 from receiver.errors import ConfigError
-from receiver.store.base import Claim, DeliveryRecord, EventRecord, NewEvent, Outcome, Store
+from receiver.store.base import DeliveryRecord, EventRecord, NewEvent, Outcome, Store
 
 __all__ = [
-    "Claim",
     "DeliveryRecord",
     "EventRecord",
     "NewEvent",

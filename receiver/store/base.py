@@ -4,22 +4,29 @@ An *event* is one verified webhook, stored with its raw body before the receiver
 event has one *delivery* per sink that wants it; deliveries carry their own state, attempt count
 and next attempt time, so each sink retries on its own.
 
+Processing has two steps, each claimed with a lease (a worker that dies loses its claims when
+the lease runs out, and another worker takes them over: at-least-once processing):
+
+1. *Enrichment*, once per event: an event without a :class:`Snapshot` is claimed, the fresh job
+   and assets are fetched and stored with it (:meth:`Store.save_snapshot`), or the attempt is
+   recorded with a backoff (:meth:`Store.fail_enrichment`).
+2. *Delivery*, per sink (a *lane*): :meth:`Store.claim_deliveries` leases the due deliveries of one
+   sink whose event has a snapshot, as many as the lane may send now (its free slots, its token
+   bucket, unless paused), in due-time order; :meth:`Store.settle` records each result.
+
 Delivery states: ``pending`` (due at ``next_attempt_at``), ``done``, ``dead`` (gave up; can be
 redelivered), ``skipped`` (the fresh job showed the sink's filter does not match).
 
 An event's state is derived from its deliveries: ``pending`` while any delivery is pending,
-else ``dead`` if any is dead, else ``done``.
-
-Workers *claim* events with a lease. A claim is released when the worker has settled its due
-deliveries; a worker that dies loses its claims when the lease expires and another worker picks
-the event up again (at-least-once processing).
+else ``dead`` if any is dead, else ``done``. The rules themselves live in
+:mod:`receiver.store.rules`; the backends only run the queries.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
@@ -50,6 +57,27 @@ class NewEvent:
 
 
 @dataclass(frozen=True)
+class Snapshot:
+    """The fresh job and assets fetched for an event, shared by all of its deliveries."""
+
+    job: Mapping[str, Any]
+    assets: tuple[Mapping[str, Any], ...]
+    fetched_at: float
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"job": self.job, "assets": list(self.assets)},
+            separators=(",", ":"),
+            ensure_ascii=False,
+        )
+
+    @classmethod
+    def from_json(cls, text: str | bytes, fetched_at: float) -> Snapshot:
+        data = json.loads(text)
+        return cls(job=data["job"], assets=tuple(data["assets"]), fetched_at=fetched_at)
+
+
+@dataclass(frozen=True)
 class DeliveryRecord:
     event_id: str
     sink: str
@@ -58,6 +86,7 @@ class DeliveryRecord:
     next_attempt_at: float | None
     last_error: str | None
     updated_at: float
+    leased_until: float | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -67,6 +96,7 @@ class DeliveryRecord:
             "next_attempt_at": self.next_attempt_at,
             "last_error": self.last_error,
             "updated_at": self.updated_at,
+            "leased_until": self.leased_until,
         }
 
 
@@ -80,6 +110,12 @@ class EventRecord:
     received_at: float
     state: EventState
     deliveries: tuple[DeliveryRecord, ...] = ()
+    snapshot: Snapshot | None = None
+    # Enrichment: due at ``enrich_at`` while no snapshot was stored yet, None once one was
+    # (or enrichment gave up); attempts made and the last error.
+    enrich_at: float | None = None
+    enrich_attempts: int = 0
+    enrich_error: str | None = None
 
     def payload(self) -> dict[str, Any]:
         """The webhook body, parsed (it was validated as a JSON object at intake)."""
@@ -94,6 +130,12 @@ class EventRecord:
             "job_id": self.job_id,
             "state": self.state,
             "received_at": self.received_at,
+            "enrichment": {
+                "fetched_at": self.snapshot.fetched_at if self.snapshot else None,
+                "attempts": self.enrich_attempts,
+                "next_attempt_at": self.enrich_at,
+                "last_error": self.enrich_error,
+            },
             "deliveries": [d.as_json() for d in self.deliveries],
         }
         if with_body:
@@ -103,28 +145,38 @@ class EventRecord:
 
 
 # The column orders the SQL backends select in, so one function maps rows to records.
-EVENT_COLUMNS = "id, event, job_id, body, headers, received_at, state"
+EVENT_COLUMNS = (
+    "id, event, job_id, body, headers, received_at, state, "
+    "snapshot, fetched_at, enrich_at, enrich_attempts, enrich_error"
+)
+DELIVERY_COLUMNS = (
+    "event_id, sink, state, attempts, next_attempt_at, last_error, updated_at, lease_expires_at"
+)
+
+
+def delivery_record(d: Sequence[Any]) -> DeliveryRecord:
+    """A record from a row in ``DELIVERY_COLUMNS`` order."""
+    return DeliveryRecord(
+        event_id=d[0],
+        sink=d[1],
+        state=d[2],
+        attempts=d[3],
+        next_attempt_at=d[4],
+        last_error=d[5],
+        updated_at=d[6],
+        leased_until=d[7],
+    )
 
 
 def event_records(
     rows: Sequence[Sequence[Any]], delivery_rows: Iterable[Sequence[Any]]
 ) -> list[EventRecord]:
-    """Records from event rows (EVENT_COLUMNS first, headers as JSON text) and the rows of their
-    deliveries (event_id, sink, state, attempts, next_attempt_at, last_error, updated_at), each
-    event's deliveries in the order given."""
+    """Records from event rows (``EVENT_COLUMNS`` first, headers and snapshot as JSON text) and
+    the rows of their deliveries (``DELIVERY_COLUMNS``), each event's deliveries in the order
+    given."""
     by_event: dict[str, list[DeliveryRecord]] = {}
     for d in delivery_rows:
-        by_event.setdefault(d[0], []).append(
-            DeliveryRecord(
-                event_id=d[0],
-                sink=d[1],
-                state=d[2],
-                attempts=d[3],
-                next_attempt_at=d[4],
-                last_error=d[5],
-                updated_at=d[6],
-            )
-        )
+        by_event.setdefault(d[0], []).append(delivery_record(d))
     return [
         EventRecord(
             id=row[0],
@@ -135,18 +187,23 @@ def event_records(
             received_at=row[5],
             state=row[6],
             deliveries=tuple(by_event.get(row[0], ())),
+            snapshot=Snapshot.from_json(row[7], row[8]) if row[7] is not None else None,
+            enrich_at=row[9],
+            enrich_attempts=row[10],
+            enrich_error=row[11],
         )
         for row in rows
     ]
 
 
-@dataclass(frozen=True)
-class Claim:
-    """An event leased to one worker, with the deliveries that are due now."""
+def leased(record: EventRecord, sink: str) -> Leased:
+    """``record`` with its delivery to ``sink`` (which it has), as a claim hands it out."""
+    return Leased(record, next(d for d in record.deliveries if d.sink == sink))
 
-    event: EventRecord
-    due: tuple[DeliveryRecord, ...]
-    owner: str
+
+def lane_row(state: LaneState) -> tuple[Any, ...]:
+    """A lane's state in the column order of the SQL backends' ``lanes`` table."""
+    return (state.tokens, state.refilled_at, state.paused_until, state.failures, state.opened_at)
 
 
 @dataclass(frozen=True)
@@ -161,6 +218,101 @@ class Outcome:
     error: str | None = None
     next_attempt_at: float | None = None
     attempted: bool = True
+
+
+@dataclass(frozen=True)
+class LanePolicy:
+    """How fast one sink's lane may send: its token bucket and its circuit breaker.
+
+    ``rate`` is sends per second (0 = unlimited) with a bucket of ``burst`` tokens. After
+    ``circuit_failures`` consecutive failed attempts (0 = never) the lane pauses for
+    ``circuit_pause`` seconds, doubling per failed probe up to ``circuit_max``.
+    """
+
+    sink: str
+    rate: float = 0.0
+    burst: float = 1.0
+    circuit_failures: int = 0
+    circuit_pause: float = 30.0
+    circuit_max: float = 600.0
+
+
+@dataclass(frozen=True)
+class LaneState:
+    """A lane's shared pacing state, one row per sink in the store.
+
+    ``tokens`` as of ``refilled_at``; nothing is claimed before ``paused_until``; ``failures``
+    counts consecutive failed attempts; ``opened_at`` is when the circuit last opened (or a probe
+    began), None while it is closed.
+    """
+
+    tokens: float
+    refilled_at: float
+    paused_until: float = 0.0
+    failures: int = 0
+    opened_at: float | None = None
+
+
+LaneResultKind = Literal["success", "failure", "neutral"]
+
+
+@dataclass(frozen=True)
+class LaneResult:
+    """What one attempt tells its lane: ``success`` closes the circuit, ``failure`` counts toward
+    opening it (``neutral`` neither); ``pause`` (seconds, from a Retry-After) pauses the lane.
+    ``started`` is when the attempt was claimed: failures of attempts started before the circuit
+    opened are not counted again."""
+
+    policy: LanePolicy
+    kind: LaneResultKind
+    started: float
+    pause: float | None = None
+
+
+@dataclass(frozen=True)
+class Leased:
+    """One delivery leased to a worker, with its event (and the event's snapshot)."""
+
+    event: EventRecord
+    delivery: DeliveryRecord
+
+
+@dataclass(frozen=True)
+class LaneClaim:
+    """What :meth:`Store.claim_deliveries` handed out, and when asking again may find more
+    (a pause's end, the next token, the next due delivery; None: nothing known)."""
+
+    deliveries: tuple[Leased, ...]
+    retry_at: float | None
+
+
+@dataclass(frozen=True)
+class LaneStats:
+    """A lane's backlog: deliveries due and waiting (their event enriched, nobody holding them),
+    the due time of the oldest, and how many are leased (in flight on some worker)."""
+
+    backlog: int = 0
+    oldest_due: float | None = None
+    in_flight: int = 0
+
+
+@dataclass(frozen=True)
+class DeliveryKey:
+    """One delivery: (event id, sink)."""
+
+    event_id: str
+    sink: str
+
+
+@dataclass(frozen=True)
+class Leases:
+    """What a worker holds: events being enriched and deliveries being sent."""
+
+    events: tuple[str, ...] = ()
+    deliveries: tuple[DeliveryKey, ...] = field(default_factory=tuple)
+
+    def __bool__(self) -> bool:
+        return bool(self.events or self.deliveries)
 
 
 class Store(Protocol):
@@ -185,21 +337,64 @@ class Store(Protocol):
         Returns only after the commit: a 2xx may be sent the moment this returns.
         """
 
-    async def claim(
+    async def claim_enrichment(
         self, *, owner: str, limit: int, lease_seconds: float, now: float
-    ) -> list[Claim]:
-        """Lease up to ``limit`` events with a due delivery that nobody else holds."""
+    ) -> list[EventRecord]:
+        """Lease up to ``limit`` events that need their snapshot fetched and are due, oldest due
+        first, that nobody else holds."""
 
-    async def extend_lease(
-        self, event_ids: list[str], *, owner: str, lease_seconds: float, now: float
+    async def save_snapshot(
+        self,
+        event_id: str,
+        snapshot: Snapshot,
+        *,
+        finished: Mapping[str, Outcome] | None = None,
+        now: float,
+    ) -> EventState:
+        """Store the event's snapshot (its deliveries become claimable), settle the deliveries
+        in ``finished`` (sink -> outcome: filtered out, or no longer configured) and drop the
+        enrichment lease. Also replaces an older snapshot (a delivery refetched a stale one).
+        Returns the event's state; raises UnknownEvent for an unknown id."""
+
+    async def fail_enrichment(
+        self, event_id: str, *, error: str, retry_at: float | None, now: float
+    ) -> EventState:
+        """Record a failed enrichment attempt, as a failed attempt of every pending delivery of
+        the event too (see :func:`receiver.store.rules.enrichment_failed`): due again at
+        ``retry_at``, or, when None, given up: dead with ``error``. Drops the lease; returns the
+        event's state."""
+
+    async def claim_deliveries(
+        self, policy: LanePolicy, *, owner: str, limit: int, lease_seconds: float, now: float
+    ) -> LaneClaim:
+        """Lease the due deliveries of ``policy.sink`` whose event has a snapshot: at most
+        ``limit`` and at most what the lane's tokens allow, none while it is paused; oldest due
+        first. The lane's state is taken and written in the same transaction, so several
+        processes sharing the store together keep to the lane's rate."""
+
+    async def extend_leases(
+        self, leases: Leases, *, owner: str, lease_seconds: float, now: float
     ) -> None:
-        """Push the lease of events this owner still holds."""
+        """Push the leases this owner still holds."""
 
-    async def settle(self, event_id: str, sink: str, outcome: Outcome, *, now: float) -> None:
-        """Record the result of one delivery attempt and update the event's state."""
+    async def release(self, leases: Leases, *, owner: str) -> None:
+        """Drop this owner's leases so the work can be claimed again at once."""
 
-    async def release(self, event_ids: list[str], *, owner: str) -> None:
-        """Drop this owner's leases so the events can be claimed again at once."""
+    async def settle(
+        self,
+        event_id: str,
+        sink: str,
+        outcome: Outcome,
+        *,
+        now: float,
+        lane: LaneResult | None = None,
+    ) -> EventState:
+        """Record the result of one delivery attempt (dropping its lease), update the event's
+        state and, with ``lane``, the lane's circuit and pause. Returns the event's new state
+        (so exactly one settle sees an event finish)."""
+
+    async def lane_stats(self, *, now: float) -> dict[str, LaneStats]:
+        """Backlog, oldest due time and leased count per sink (sinks with any pending)."""
 
     async def get(self, event_id: str) -> EventRecord | None:
         """One event with its deliveries, or None."""
@@ -210,7 +405,8 @@ class Store(Protocol):
         """Events newest first, optionally only those in ``state``."""
 
     async def redeliver(self, event_id: str, *, now: float) -> int:
-        """Make every non-skipped delivery of the event pending and due now.
+        """Make every non-skipped delivery of the event pending and due now (an event that never
+        got its snapshot is enriched again first).
 
         Returns how many deliveries were reset; raises UnknownEvent for an unknown id.
         """
@@ -225,7 +421,8 @@ class Store(Protocol):
         """Events per state, and the receipt time of the oldest pending event (or None)."""
 
     def on_new_events(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` when another process adds events (backends that can tell)."""
+        """Call ``callback`` when another process adds events or makes deliveries claimable
+        (backends that can tell)."""
 
     # -- reading for people (the inbox page; see receiver.store.browse) --------------------------
 

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from receiver.store.base import EVENT_COLUMNS, DeliveryRecord, EventRecord
+from receiver.store.base import EVENT_COLUMNS, DeliveryRecord, EventRecord, delivery_record
 
 
 @dataclass(frozen=True)
@@ -74,9 +74,8 @@ class LaneCounts:
     """One sink's deliveries as the store sees them.
 
     ``backlog`` pending deliveries, ``due`` of them due now, ``oldest_due_at`` the earliest
-    ``next_attempt_at`` among them; ``in_flight`` pending deliveries being worked on now (their
-    event is leased and they are due); ``failing`` deliveries whose last attempt failed since
-    the ``failing_since`` asked for.
+    ``next_attempt_at`` among them; ``in_flight`` pending deliveries leased to a worker now;
+    ``failing`` deliveries whose last attempt failed since the ``failing_since`` asked for.
     """
 
     sink: str
@@ -113,20 +112,21 @@ DeadGroupList = list[DeadGroup]
 
 
 def delivery_records(rows: Any) -> tuple[DeliveryRecord, ...]:
-    """Records from rows of (event_id, sink, state, attempts, next_attempt_at, last_error,
-    updated_at)."""
-    return tuple(DeliveryRecord(*tuple(row)[:7]) for row in rows)
+    """Records from rows in ``DELIVERY_COLUMNS`` order."""
+    return tuple(delivery_record(row) for row in rows)
 
 
-def lane_counts(pending: Any, in_flight: Any, failing: Any) -> tuple[LaneCounts, ...]:
-    """Merge the three per-sink row sets of the overview queries into one record a sink."""
+def lane_counts(pending: Any, failing: Any) -> tuple[LaneCounts, ...]:
+    """One record a sink from the overview's two row sets: pending deliveries by sink (sink,
+    backlog, oldest due, due now, leased now) and failing ones (sink, count)."""
     lanes: dict[str, dict[str, Any]] = {}
-    for sink, backlog, oldest, due in pending:
+    for sink, backlog, oldest, due, leased in pending:
         lanes.setdefault(sink, {}).update(
-            backlog=int(backlog), oldest_due_at=oldest, due=int(due or 0)
+            backlog=int(backlog),
+            oldest_due_at=oldest,
+            due=int(due or 0),
+            in_flight=int(leased or 0),
         )
-    for sink, count in in_flight:
-        lanes.setdefault(sink, {})["in_flight"] = int(count)
     for sink, count in failing:
         lanes.setdefault(sink, {})["failing"] = int(count)
     return tuple(LaneCounts(sink=sink, **lanes[sink]) for sink in sorted(lanes))

@@ -1,22 +1,31 @@
-"""An in-memory inbox with the same semantics as the SQLite store, for unit tests."""
+"""An in-memory inbox with the same semantics as the SQL stores, for unit tests."""
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from receiver.config import StoreSettings
 from receiver.errors import StoreUnavailable, UnknownEvent
+from receiver.store import rules
 from receiver.store.base import (
     EVENT_STATES,
-    Claim,
     DeliveryRecord,
     DeliveryState,
     EventRecord,
     EventState,
+    LaneClaim,
+    LanePolicy,
+    LaneResult,
+    LaneState,
+    LaneStats,
+    Leased,
+    Leases,
     NewEvent,
     Outcome,
+    Snapshot,
+    leased,
 )
 from receiver.store.browse import (
     Cursor,
@@ -38,6 +47,17 @@ class _Delivery:
     next_attempt_at: float | None
     last_error: str | None
     updated_at: float
+    lease_owner: str | None = None
+    lease_expires_at: float | None = None
+
+    def settle(self, outcome: Outcome, now: float) -> None:
+        values = rules.settle_values(outcome, now)
+        self.state = values.state
+        self.attempts += values.attempts_add
+        self.next_attempt_at = values.next_attempt_at
+        self.last_error = values.last_error
+        self.updated_at = now
+        self.lease_owner = self.lease_expires_at = None
 
 
 @dataclass
@@ -45,20 +65,16 @@ class _Event:
     seq: int
     new: NewEvent
     state: EventState
-    next_attempt_at: float | None
+    enrich_at: float | None
     deliveries: dict[str, _Delivery] = field(default_factory=dict)
+    snapshot: Snapshot | None = None
+    enrich_attempts: int = 0
+    enrich_error: str | None = None
     lease_owner: str | None = None
     lease_expires_at: float | None = None
 
     def recompute(self) -> None:
-        pending = [d for d in self.deliveries.values() if d.state == "pending"]
-        if pending:
-            self.state = "pending"
-            self.next_attempt_at = min(d.next_attempt_at or 0.0 for d in pending)
-            return
-        self.next_attempt_at = None
-        dead = any(d.state == "dead" for d in self.deliveries.values())
-        self.state = "dead" if dead else "done"
+        self.state = rules.event_state(d.state for d in self.deliveries.values())
 
     def delivery_record(self, d: _Delivery) -> DeliveryRecord:
         return DeliveryRecord(
@@ -69,6 +85,7 @@ class _Event:
             next_attempt_at=d.next_attempt_at,
             last_error=d.last_error,
             updated_at=d.updated_at,
+            leased_until=d.lease_expires_at,
         )
 
     def record(self) -> EventRecord:
@@ -85,11 +102,15 @@ class _Event:
             received_at=e.received_at,
             state=self.state,
             deliveries=deliveries,
+            snapshot=self.snapshot,
+            enrich_at=self.enrich_at,
+            enrich_attempts=self.enrich_attempts,
+            enrich_error=self.enrich_error,
         )
 
 
 class MemoryStore:
-    """An inbox kept in a dict: the fake for unit tests, with the SQLite store's semantics.
+    """An inbox kept in a dict: the fake for unit tests, with the SQL stores' semantics.
 
     It works without :meth:`open` (forgiving for tests) but refuses calls after :meth:`close`
     until opened again; the data survives close/open within the process. Set
@@ -100,6 +121,7 @@ class MemoryStore:
         self.settings = settings or StoreSettings(url="memory://")
         self.unavailable: str | None = None
         self._events: dict[str, _Event] = {}
+        self._lanes: dict[str, LaneState] = {}
         self._seq = itertools.count()
         self._closed = False
 
@@ -123,12 +145,8 @@ class MemoryStore:
         if event.id in self._events:
             return False
         sinks = tuple(dict.fromkeys(event.sinks))
-        ev = _Event(
-            seq=next(self._seq),
-            new=event,
-            state="pending" if sinks else "done",
-            next_attempt_at=event.received_at if sinks else None,
-        )
+        state, enrich_at = rules.new_event_values(bool(sinks), event.received_at)
+        ev = _Event(seq=next(self._seq), new=event, state=state, enrich_at=enrich_at)
         for sink in sinks:
             ev.deliveries[sink] = _Delivery(
                 sink=sink,
@@ -141,66 +159,173 @@ class MemoryStore:
         self._events[event.id] = ev
         return True
 
-    async def claim(
+    def _event(self, event_id: str) -> _Event:
+        ev = self._events.get(event_id)
+        if ev is None:
+            raise UnknownEvent(f"no event {event_id!r} in the inbox")
+        return ev
+
+    # -- enrichment -----------------------------------------------------------------------------
+
+    async def claim_enrichment(
         self, *, owner: str, limit: int, lease_seconds: float, now: float
-    ) -> list[Claim]:
+    ) -> list[EventRecord]:
         self._check()
         due = [
             ev
             for ev in self._events.values()
-            if ev.state == "pending"
-            and ev.next_attempt_at is not None
-            and ev.next_attempt_at <= now
-            and (ev.lease_expires_at is None or ev.lease_expires_at < now)
+            if rules.is_due(ev.enrich_at, now) and rules.lease_free(ev.lease_expires_at, now)
         ]
-        due.sort(key=lambda ev: (ev.next_attempt_at or 0.0, ev.seq))
-        claims = []
+        due.sort(key=lambda ev: (ev.enrich_at or 0.0, ev.seq))
+        claimed = []
         for ev in due[: max(limit, 0)]:
-            ev.lease_owner = owner
-            ev.lease_expires_at = now + lease_seconds
-            record = ev.record()
-            ready = tuple(
-                d
-                for d in record.deliveries
-                if d.state == "pending" and (d.next_attempt_at or 0.0) <= now
-            )
-            claims.append(Claim(event=record, due=ready, owner=owner))
-        return claims
+            ev.lease_owner, ev.lease_expires_at = owner, now + lease_seconds
+            claimed.append(ev.record())
+        return claimed
 
-    async def extend_lease(
-        self, event_ids: list[str], *, owner: str, lease_seconds: float, now: float
+    async def save_snapshot(
+        self,
+        event_id: str,
+        snapshot: Snapshot,
+        *,
+        finished: Mapping[str, Outcome] | None = None,
+        now: float,
+    ) -> EventState:
+        self._check()
+        ev = self._event(event_id)
+        if ev.snapshot is None or ev.snapshot.fetched_at <= snapshot.fetched_at:
+            ev.snapshot = snapshot  # a refetched snapshot never replaces a newer one
+            ev.enrich_at = None
+            ev.enrich_error = None
+            ev.lease_owner = ev.lease_expires_at = None
+        for sink, outcome in (finished or {}).items():
+            d = ev.deliveries.get(sink)
+            if d is not None and d.state == "pending":
+                d.settle(outcome, now)
+        ev.recompute()
+        return ev.state
+
+    async def fail_enrichment(
+        self, event_id: str, *, error: str, retry_at: float | None, now: float
+    ) -> EventState:
+        self._check()
+        ev = self._event(event_id)
+        ev.enrich_attempts += 1
+        ev.enrich_error = error
+        ev.enrich_at = retry_at
+        ev.lease_owner = ev.lease_expires_at = None
+        outcome = rules.enrichment_failed(error, retry_at)
+        for d in ev.deliveries.values():
+            if d.state == "pending":
+                d.settle(outcome, now)
+        ev.recompute()
+        return ev.state
+
+    # -- lanes ----------------------------------------------------------------------------------
+
+    async def claim_deliveries(
+        self, policy: LanePolicy, *, owner: str, limit: int, lease_seconds: float, now: float
+    ) -> LaneClaim:
+        self._check()
+        state = self._lanes.get(policy.sink) or rules.fresh_lane(policy, now)
+        granted = rules.grant(policy, state, now, limit)
+        waiting = self._waiting(policy.sink, now)
+        due = sorted(
+            (d.next_attempt_at or 0.0, ev.new.id, ev, d)
+            for ev, d in waiting
+            if rules.is_due(d.next_attempt_at, now)
+        )
+        taken: list[Leased] = []
+        for _at, _id, ev, d in due[: granted.count]:
+            d.lease_owner, d.lease_expires_at = owner, now + lease_seconds
+            record = ev.record()
+            taken.append(leased(record, d.sink))
+        new_state, retry_at = rules.after_claim(policy, granted, len(taken), now, lease_seconds)
+        self._lanes[policy.sink] = new_state
+        if len(taken) < granted.count:
+            later = [d.next_attempt_at for _ev, d in waiting if d.next_attempt_at is not None]
+            retry_at = rules.earliest(retry_at, min((t for t in later if t > now), default=None))
+        return LaneClaim(tuple(taken), retry_at)
+
+    def _waiting(self, sink: str, now: float) -> list[tuple[_Event, _Delivery]]:
+        """Pending, unleased deliveries of ``sink`` whose event has its snapshot."""
+        found = []
+        for ev in self._events.values():
+            d = ev.deliveries.get(sink)
+            if (
+                d is not None
+                and d.state == "pending"
+                and ev.snapshot is not None
+                and rules.lease_free(d.lease_expires_at, now)
+            ):
+                found.append((ev, d))
+        return found
+
+    async def lane_stats(self, *, now: float) -> dict[str, LaneStats]:
+        self._check()
+        stats: dict[str, LaneStats] = {}
+        for ev in self._events.values():
+            for d in ev.deliveries.values():
+                if d.state != "pending":
+                    continue
+                s = stats.get(d.sink, LaneStats())
+                if not rules.lease_free(d.lease_expires_at, now):
+                    s = LaneStats(s.backlog, s.oldest_due, s.in_flight + 1)
+                elif ev.snapshot is not None and rules.is_due(d.next_attempt_at, now):
+                    oldest = rules.earliest(s.oldest_due, d.next_attempt_at)
+                    s = LaneStats(s.backlog + 1, oldest, s.in_flight)
+                stats[d.sink] = s
+        return stats
+
+    # -- leases ---------------------------------------------------------------------------------
+
+    async def extend_leases(
+        self, leases: Leases, *, owner: str, lease_seconds: float, now: float
     ) -> None:
         self._check()
-        for ev in self._owned(event_ids, owner):
-            ev.lease_expires_at = now + lease_seconds
+        for held in self._held(leases, owner):
+            held.lease_expires_at = now + lease_seconds
 
-    async def release(self, event_ids: list[str], *, owner: str) -> None:
+    async def release(self, leases: Leases, *, owner: str) -> None:
         self._check()
-        for ev in self._owned(event_ids, owner):
-            ev.lease_owner = None
-            ev.lease_expires_at = None
+        for held in self._held(leases, owner):
+            held.lease_owner = held.lease_expires_at = None
 
-    def _owned(self, event_ids: Iterable[str], owner: str) -> list[_Event]:
-        events = (self._events.get(event_id) for event_id in event_ids)
-        return [ev for ev in events if ev is not None and ev.lease_owner == owner]
+    def _held(self, leases: Leases, owner: str) -> Iterable[_Event | _Delivery]:
+        for event_id in leases.events:
+            ev = self._events.get(event_id)
+            if ev is not None and ev.lease_owner == owner:
+                yield ev
+        for key in leases.deliveries:
+            ev = self._events.get(key.event_id)
+            d = ev.deliveries.get(key.sink) if ev is not None else None
+            if d is not None and d.lease_owner == owner:
+                yield d
 
-    async def settle(self, event_id: str, sink: str, outcome: Outcome, *, now: float) -> None:
+    # -- settling -------------------------------------------------------------------------------
+
+    async def settle(
+        self,
+        event_id: str,
+        sink: str,
+        outcome: Outcome,
+        *,
+        now: float,
+        lane: LaneResult | None = None,
+    ) -> EventState:
         self._check()
         ev = self._events.get(event_id)
         delivery = ev.deliveries.get(sink) if ev is not None else None
         if ev is None or delivery is None:
             raise UnknownEvent(f"no delivery {sink!r} for event {event_id!r}")
-        delivery.state = outcome.state
-        if outcome.attempted:
-            delivery.attempts += 1
-        if outcome.state == "pending":
-            nxt = outcome.next_attempt_at
-            delivery.next_attempt_at = now if nxt is None else nxt
-        else:
-            delivery.next_attempt_at = None
-        delivery.last_error = None if outcome.state == "done" else outcome.error
-        delivery.updated_at = now
+        delivery.settle(outcome, now)
         ev.recompute()
+        if lane is not None:
+            state = self._lanes.get(sink) or rules.fresh_lane(lane.policy, now)
+            changed = rules.after_result(state, lane, now)
+            if changed is not None:
+                self._lanes[sink] = changed
+        return ev.state
 
     async def get(self, event_id: str) -> EventRecord | None:
         self._check()
@@ -218,11 +343,8 @@ class MemoryStore:
 
     async def redeliver(self, event_id: str, *, now: float) -> int:
         self._check()
-        ev = self._events.get(event_id)
-        if ev is None:
-            raise UnknownEvent(f"no event {event_id!r} in the inbox")
+        ev = self._event(event_id)
         count = self._reset(ev, ev.deliveries.values(), now)
-        ev.recompute()
         return count
 
     async def redeliver_dead(self, *, now: float) -> int:
@@ -232,7 +354,6 @@ class MemoryStore:
             dead = [d for d in ev.deliveries.values() if d.state == "dead"]
             if dead:
                 count += self._reset(ev, dead, now)
-                ev.recompute()
         return count
 
     @staticmethod
@@ -247,6 +368,9 @@ class MemoryStore:
             d.last_error = None
             d.updated_at = now
             count += 1
+        if count and ev.snapshot is None:
+            ev.enrich_at, ev.enrich_attempts, ev.enrich_error = now, 0, None
+        ev.recompute()
         return count
 
     async def prune(self, *, older_than: float, batch: int = 1000) -> int:
@@ -316,12 +440,11 @@ class MemoryStore:
         failing: dict[str, int] = {}
         failed: list[DeliveryRecord] = []
         for ev in self._events.values():
-            leased = ev.lease_expires_at is not None and ev.lease_expires_at > now
             for d in ev.deliveries.values():
                 if d.state == "pending":
                     due_at = d.next_attempt_at if d.next_attempt_at is not None else now
                     pending.setdefault(d.sink, []).append(due_at)
-                    if leased and due_at <= now:
+                    if not rules.lease_free(d.lease_expires_at, now):
                         in_flight[d.sink] = in_flight.get(d.sink, 0) + 1
                 if d.last_error is not None:
                     failed.append(ev.delivery_record(d))
@@ -329,11 +452,11 @@ class MemoryStore:
                         failing[d.sink] = failing.get(d.sink, 0) + 1
         failed.sort(key=lambda d: d.updated_at, reverse=True)
         rows = [
-            (sink, len(times), min(times), sum(t <= now for t in times))
+            (sink, len(times), min(times), sum(t <= now for t in times), in_flight.get(sink, 0))
             for sink, times in pending.items()
         ]
         return InboxOverview(
-            lanes=lane_counts(rows, in_flight.items(), failing.items()),
+            lanes=lane_counts(rows, failing.items()),
             recent_errors=tuple(failed[: max(errors, 0)]),
         )
 
@@ -364,9 +487,7 @@ class MemoryStore:
         delivery = ev.deliveries.get(sink) if ev is not None else None
         if ev is None or delivery is None:
             raise UnknownEvent(f"no delivery {sink!r} for event {event_id!r}")
-        count = self._reset(ev, [delivery], now)
-        ev.recompute()
-        return count
+        return self._reset(ev, [delivery], now)
 
     async def redeliver_dead_group(self, sink: str, error: str | None, *, now: float) -> int:
         self._check()
@@ -375,7 +496,6 @@ class MemoryStore:
             d = ev.deliveries.get(sink)
             if d is not None and d.state == "dead" and d.last_error == error:
                 count += self._reset(ev, [d], now)
-                ev.recompute()
         return count
 
 

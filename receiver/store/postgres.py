@@ -7,10 +7,13 @@ processes write at once:
   two replicas storing the same event at the same moment both succeed, one row exists, and
   exactly one of them is told the event is new.
 - Claims lock candidate rows with ``FOR UPDATE SKIP LOCKED``, so replicas never wait for each
-  other nor take the same event; a lease still bounds how long a claim lives.
-- Each new event sends ``NOTIFY receiver_new_events`` (payload: the schema) in the inserting
-  statement; :meth:`PostgresStore.on_new_events` LISTENs on a connection of its own and wakes
-  idle workers at once. Polling stays the fallback while that connection is down.
+  other nor take the same event or delivery; a lease still bounds how long a claim lives.
+- A lane's claim first locks that sink's row in ``lanes`` (``FOR UPDATE``): its tokens, pause
+  and circuit are read and written in the claim's transaction, so replicas together keep to
+  the sink's rate. Other lanes' claims never wait for it.
+- Each new event, and each event whose job was fetched, sends ``NOTIFY receiver_new_events``
+  (payload: the schema); :meth:`PostgresStore.on_new_events` LISTENs on a connection of its own
+  and wakes idle workers at once. Polling stays the fallback while that connection is down.
 - Settling, redelivering and recomputing an event lock its row first, so two deliveries of one
   event settled on two connections cannot both miss the other's result.
 - Schema migrations are numbered, recorded in ``receiver_schema_migrations`` and applied under a
@@ -27,7 +30,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
@@ -37,14 +40,25 @@ import asyncpg
 from receiver.config import StoreSettings
 from receiver.errors import StoreUnavailable, UnknownEvent
 from receiver.logs import get_logger, redact_url
+from receiver.store import rules
 from receiver.store.base import (
+    DELIVERY_COLUMNS,
     EVENT_COLUMNS,
     EVENT_STATES,
-    Claim,
     EventRecord,
+    EventState,
+    LaneClaim,
+    LanePolicy,
+    LaneResult,
+    LaneState,
+    LaneStats,
+    Leases,
     NewEvent,
     Outcome,
+    Snapshot,
     event_records,
+    lane_row,
+    leased,
 )
 from receiver.store.browse import (
     Cursor,
@@ -116,6 +130,43 @@ CREATE_INDEX_RECEIVED = "CREATE INDEX events_received ON events (received_at, se
 CREATE_INDEX_DEAD = "CREATE INDEX deliveries_dead ON deliveries (event_id) WHERE state = 'dead'"
 
 
+# Version 2, delivery lanes: the job snapshot and enrichment state on the event, a lease per
+# delivery, and one row of pacing state per lane. Events pending before are enriched again.
+LANES_SCHEMA: tuple[str, ...] = (
+    """
+    ALTER TABLE events
+        ADD COLUMN snapshot text,
+        ADD COLUMN fetched_at double precision,
+        ADD COLUMN enrich_at double precision,
+        ADD COLUMN enrich_attempts integer NOT NULL DEFAULT 0,
+        ADD COLUMN enrich_error text
+    """,
+    "UPDATE events SET enrich_at = received_at, lease_owner = NULL, lease_expires_at = NULL "
+    "WHERE state = 'pending'",
+    "DROP INDEX events_due",
+    "ALTER TABLE events DROP COLUMN next_attempt_at",
+    "CREATE INDEX events_enrich ON events (enrich_at, seq) WHERE enrich_at IS NOT NULL",
+    """
+    ALTER TABLE deliveries
+        ADD COLUMN lease_owner text,
+        ADD COLUMN lease_expires_at double precision
+    """,
+    # claim_deliveries: one lane's pending rows in due order; lane_stats: every pending row.
+    "CREATE INDEX deliveries_due ON deliveries (sink, next_attempt_at, event_id) "
+    "WHERE state = 'pending'",
+    """
+    CREATE TABLE lanes (
+        sink         text COLLATE "C" PRIMARY KEY,
+        tokens       double precision NOT NULL,
+        refilled_at  double precision NOT NULL,
+        paused_until double precision NOT NULL DEFAULT 0,
+        failures     integer NOT NULL DEFAULT 0,
+        opened_at    double precision
+    )
+    """,
+)
+
+
 @dataclass(frozen=True)
 class Migration:
     """Brings the schema from ``version - 1`` to ``version``, in one transaction."""
@@ -138,14 +189,13 @@ MIGRATIONS: tuple[Migration, ...] = (
             CREATE_INDEX_DEAD,
         ),
     ),
+    Migration(2, "delivery lanes", LANES_SCHEMA),
     Migration(
-        2,
+        3,
         "indexes for the inbox page",
         (
             "CREATE INDEX events_event_received ON events (event, received_at)",
             "CREATE INDEX events_job ON events (job_id)",
-            "CREATE INDEX deliveries_pending_sink ON deliveries (sink, next_attempt_at, state)"
-            " WHERE state = 'pending'",
             "CREATE INDEX deliveries_failing ON deliveries (updated_at)"
             " WHERE last_error IS NOT NULL",
             "CREATE INDEX deliveries_dead_groups"
@@ -175,7 +225,7 @@ SCHEMA_EXISTS = "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)"
 # and the notification (sent by Postgres on commit, only for a new event).
 ADD_EVENT = """
 WITH ins AS (
-    INSERT INTO events (id, event, job_id, body, headers, received_at, state, next_attempt_at)
+    INSERT INTO events (id, event, job_id, body, headers, received_at, state, enrich_at)
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
     ON CONFLICT (id) DO NOTHING
     RETURNING id
@@ -187,58 +237,147 @@ SELECT count(*) AS added, CASE WHEN count(*) > 0 THEN pg_notify($10, $11) END AS
 FROM ins
 """
 
-
-CLAIM = """
+# Enrichment: events without a snapshot yet, due, nobody holding them; oldest due first.
+CLAIM_ENRICHMENT = """
 WITH due AS (
     SELECT id FROM events
-    WHERE state = 'pending' AND next_attempt_at <= $1
-      AND (lease_expires_at IS NULL OR lease_expires_at < $1)
-    ORDER BY next_attempt_at, seq
+    WHERE enrich_at <= $1 AND (lease_expires_at IS NULL OR lease_expires_at < $1)
+    ORDER BY enrich_at, seq
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 )
 UPDATE events e SET lease_owner = $3, lease_expires_at = $4
 FROM due WHERE e.id = due.id
-RETURNING e.id, e.event, e.job_id, e.body, e.headers, e.received_at, e.state,
-          e.next_attempt_at, e.seq
+RETURNING e.id, e.enrich_at, e.seq
 """
 
-EXTEND_LEASE = """
+# A refetched snapshot never replaces a newer one.
+SAVE_SNAPSHOT = """
+UPDATE events
+SET snapshot = $2, fetched_at = $3, enrich_at = NULL, enrich_error = NULL,
+    lease_owner = NULL, lease_expires_at = NULL
+WHERE id = $1 AND (fetched_at IS NULL OR fetched_at <= $3)
+"""
+
+FAIL_ENRICHMENT = """
+UPDATE events
+SET enrich_attempts = enrich_attempts + 1, enrich_error = $2, enrich_at = $3,
+    lease_owner = NULL, lease_expires_at = NULL
+WHERE id = $1
+"""
+
+SELECT_PENDING_SINKS = """
+SELECT sink FROM deliveries WHERE event_id = $1 AND state = 'pending' ORDER BY sink
+"""
+
+LOCK_LANE = """
+SELECT tokens, refilled_at, paused_until, failures, opened_at FROM lanes WHERE sink = $1
+FOR UPDATE
+"""
+
+SELECT_LANE = """
+SELECT tokens, refilled_at, paused_until, failures, opened_at FROM lanes WHERE sink = $1
+"""
+
+INSERT_LANE = """
+INSERT INTO lanes (sink, tokens, refilled_at, paused_until, failures, opened_at)
+VALUES ($1, $2, $3, $4, $5, $6)
+ON CONFLICT (sink) DO NOTHING
+"""
+
+UPDATE_LANE = """
+UPDATE lanes SET tokens = $2, refilled_at = $3, paused_until = $4, failures = $5, opened_at = $6
+WHERE sink = $1
+"""
+
+# A lane's due deliveries whose event has its snapshot, oldest due first; rows another
+# replica is claiming are skipped, never waited for.
+CLAIM_DELIVERIES = """
+WITH due AS (
+    SELECT d.event_id FROM deliveries d JOIN events e ON e.id = d.event_id
+    WHERE d.sink = $1 AND d.state = 'pending' AND d.next_attempt_at <= $2
+      AND (d.lease_expires_at IS NULL OR d.lease_expires_at < $2)
+      AND e.fetched_at IS NOT NULL
+    ORDER BY d.next_attempt_at, d.event_id
+    LIMIT $3
+    FOR UPDATE OF d SKIP LOCKED
+)
+UPDATE deliveries d SET lease_owner = $4, lease_expires_at = $5
+FROM due WHERE d.event_id = due.event_id AND d.sink = $1
+RETURNING d.event_id, d.next_attempt_at
+"""
+
+NEXT_DUE = """
+SELECT min(d.next_attempt_at) FROM deliveries d JOIN events e ON e.id = d.event_id
+WHERE d.sink = $1 AND d.state = 'pending' AND d.next_attempt_at > $2
+  AND e.fetched_at IS NOT NULL
+"""
+
+LANE_STATS = """
+SELECT d.sink,
+       count(*) FILTER (WHERE waiting AND d.next_attempt_at <= $1 AND e.fetched_at IS NOT NULL),
+       min(d.next_attempt_at)
+           FILTER (WHERE waiting AND d.next_attempt_at <= $1 AND e.fetched_at IS NOT NULL),
+       count(*) FILTER (WHERE NOT waiting)
+FROM deliveries d
+JOIN events e ON e.id = d.event_id,
+LATERAL (SELECT d.lease_expires_at IS NULL OR d.lease_expires_at < $1 AS waiting) w
+WHERE d.state = 'pending'
+GROUP BY d.sink
+"""
+
+EXTEND_EVENT_LEASES = """
 UPDATE events SET lease_expires_at = $1 WHERE id = ANY($2::text[]) AND lease_owner = $3
 """
 
-RELEASE = """
+RELEASE_EVENTS = """
 UPDATE events SET lease_owner = NULL, lease_expires_at = NULL
 WHERE id = ANY($1::text[]) AND lease_owner = $2
+"""
+
+EXTEND_DELIVERY_LEASES = """
+UPDATE deliveries d SET lease_expires_at = $1
+FROM unnest($2::text[], $3::text[]) AS k (event_id, sink)
+WHERE d.event_id = k.event_id AND d.sink = k.sink AND d.lease_owner = $4
+"""
+
+RELEASE_DELIVERIES = """
+UPDATE deliveries d SET lease_owner = NULL, lease_expires_at = NULL
+FROM unnest($1::text[], $2::text[]) AS k (event_id, sink)
+WHERE d.event_id = k.event_id AND d.sink = k.sink AND d.lease_owner = $3
 """
 
 LOCK_EVENT = "SELECT id FROM events WHERE id = $1 FOR NO KEY UPDATE"
 
 SETTLE = """
 UPDATE deliveries
-SET state = $1, attempts = attempts + $2, next_attempt_at = $3, last_error = $4, updated_at = $5
+SET state = $1, attempts = attempts + $2, next_attempt_at = $3, last_error = $4, updated_at = $5,
+    lease_owner = NULL, lease_expires_at = NULL
 WHERE event_id = $6 AND sink = $7
 """
 
-# An event's state and next attempt follow from its deliveries (see receiver.store.base).
-RECOMPUTE_EVENTS = """
-UPDATE events SET
-    state = CASE
-        WHEN EXISTS (SELECT 1 FROM deliveries d
-                     WHERE d.event_id = events.id AND d.state = 'pending') THEN 'pending'
-        WHEN EXISTS (SELECT 1 FROM deliveries d
-                     WHERE d.event_id = events.id AND d.state = 'dead') THEN 'dead'
-        ELSE 'done'
-    END,
-    next_attempt_at = (SELECT min(d.next_attempt_at) FROM deliveries d
-                       WHERE d.event_id = events.id AND d.state = 'pending')
-WHERE id = ANY($1::text[])
+SETTLE_PENDING = SETTLE + " AND state = 'pending'"
+
+SELECT_DELIVERY_STATES = """
+SELECT event_id, state FROM deliveries WHERE event_id = ANY($1::text[])
+"""
+
+SET_EVENT_STATES = """
+UPDATE events e SET state = s.state
+FROM unnest($1::text[], $2::text[]) AS s (id, state)
+WHERE e.id = s.id AND e.state IS DISTINCT FROM s.state
 """
 
 REDELIVER = """
 UPDATE deliveries
 SET state = 'pending', attempts = 0, next_attempt_at = $1, last_error = NULL, updated_at = $1
 WHERE event_id = $2 AND state != 'skipped'
+"""
+
+# An event that never got its snapshot is fetched again first.
+REENRICH = """
+UPDATE events SET enrich_at = $1, enrich_attempts = 0, enrich_error = NULL
+WHERE id = ANY($2::text[]) AND fetched_at IS NULL
 """
 
 # Event rows first, in id order (as every other writer locks them), then their deliveries.
@@ -267,6 +406,7 @@ DELETE FROM events WHERE id IN (
 """
 
 SELECT_EVENT = "SELECT " + EVENT_COLUMNS + " FROM events WHERE id = $1"
+SELECT_EVENTS = "SELECT " + EVENT_COLUMNS + " FROM events WHERE id = ANY($1::text[])"
 
 LIST_ALL = (
     "SELECT " + EVENT_COLUMNS + " FROM events "
@@ -278,11 +418,10 @@ LIST_BY_STATE = (
     "ORDER BY received_at DESC, seq DESC LIMIT $2 OFFSET $3"
 )
 
-SELECT_DELIVERIES = """
-SELECT event_id, sink, state, attempts, next_attempt_at, last_error, updated_at
-FROM deliveries WHERE event_id = ANY($1::text[])
-ORDER BY event_id, sink
-"""
+SELECT_DELIVERIES = (
+    "SELECT " + DELIVERY_COLUMNS + " FROM deliveries WHERE event_id = ANY($1::text[]) "
+    "ORDER BY event_id, sink"
+)
 
 COUNTS = """
 SELECT
@@ -556,6 +695,7 @@ class PostgresStore:
     async def add_event(self, event: NewEvent) -> bool:
         sinks = list(dict.fromkeys(event.sinks))
         received = event.received_at
+        state, enrich_at = rules.new_event_values(bool(sinks), received)
         args = (
             event.id,
             event.event,
@@ -563,8 +703,8 @@ class PostgresStore:
             event.body,
             json.dumps(dict(event.headers), separators=(",", ":")),
             received,
-            "pending" if sinks else "done",
-            received if sinks else None,
+            state,
+            enrich_at,
             sinks,
             CHANNEL,
             self._schema,
@@ -576,72 +716,151 @@ class PostgresStore:
 
         return await self._run(run)
 
-    async def claim(
+    # -- enrichment -----------------------------------------------------------------------------
+
+    async def claim_enrichment(
         self, *, owner: str, limit: int, lease_seconds: float, now: float
-    ) -> list[Claim]:
+    ) -> list[EventRecord]:
         if limit <= 0:
             return []
 
-        async def run(conn: Any) -> list[Claim]:
-            rows = await conn.fetch(CLAIM, now, limit, owner, now + lease_seconds)
+        async def run(conn: Any) -> list[EventRecord]:
+            rows = await conn.fetch(CLAIM_ENRICHMENT, now, limit, owner, now + lease_seconds)
             if not rows:
                 return []
-            rows = sorted(rows, key=lambda r: (r["next_attempt_at"], r["seq"]))
-            events = await _with_deliveries(conn, rows)
-            return [
-                Claim(
-                    event=ev,
-                    due=tuple(
-                        d
-                        for d in ev.deliveries
-                        if d.state == "pending"
-                        and d.next_attempt_at is not None
-                        and d.next_attempt_at <= now
-                    ),
-                    owner=owner,
-                )
-                for ev in events
-            ]
+            order = {r["id"]: (r["enrich_at"], r["seq"]) for r in rows}
+            records = await _records(conn, list(order))
+            return sorted(records, key=lambda record: order[record.id])
 
         return await self._run(run, transaction=True)
 
-    async def extend_lease(
-        self, event_ids: list[str], *, owner: str, lease_seconds: float, now: float
+    async def save_snapshot(
+        self,
+        event_id: str,
+        snapshot: Snapshot,
+        *,
+        finished: Mapping[str, Outcome] | None = None,
+        now: float,
+    ) -> EventState:
+        settles = [rules.settle_row(event_id, sink, o, now) for sink, o in (finished or {}).items()]
+
+        async def run(conn: Any) -> EventState:
+            await _lock_event(conn, event_id)
+            args = (event_id, snapshot.to_json(), snapshot.fetched_at)
+            await conn.execute(SAVE_SNAPSHOT, *args)
+            for settle in settles:
+                await conn.execute(SETTLE_PENDING, *settle)
+            # Deliveries became claimable: other replicas' lanes may look now.
+            await conn.execute(NOTIFY, CHANNEL, self._schema)
+            return (await _recompute(conn, [event_id]))[event_id]
+
+        return await self._run(run, transaction=True)
+
+    async def fail_enrichment(
+        self, event_id: str, *, error: str, retry_at: float | None, now: float
+    ) -> EventState:
+        async def run(conn: Any) -> EventState:
+            await _lock_event(conn, event_id)
+            await conn.execute(FAIL_ENRICHMENT, event_id, error, retry_at)
+            outcome = rules.enrichment_failed(error, retry_at)
+            for row in await conn.fetch(SELECT_PENDING_SINKS, event_id):
+                await conn.execute(SETTLE, *rules.settle_row(event_id, row["sink"], outcome, now))
+            return (await _recompute(conn, [event_id]))[event_id]
+
+        return await self._run(run, transaction=True)
+
+    # -- lanes ----------------------------------------------------------------------------------
+
+    async def claim_deliveries(
+        self, policy: LanePolicy, *, owner: str, limit: int, lease_seconds: float, now: float
+    ) -> LaneClaim:
+        async def run(conn: Any) -> LaneClaim:
+            # The lane's row lock serialises its claims across replicas: tokens are taken once.
+            state = await _lane(conn, policy, now)
+            granted = rules.grant(policy, state, now, limit)
+            rows = []
+            if granted.count > 0:
+                rows = await conn.fetch(
+                    CLAIM_DELIVERIES, policy.sink, now, granted.count, owner, now + lease_seconds
+                )
+            new_state, retry_at = rules.after_claim(policy, granted, len(rows), now, lease_seconds)
+            if new_state != state:
+                await conn.execute(UPDATE_LANE, policy.sink, *lane_row(new_state))
+            if len(rows) < granted.count:
+                retry_at = rules.earliest(retry_at, await conn.fetchval(NEXT_DUE, policy.sink, now))
+            if not rows:
+                return LaneClaim((), retry_at)
+            order = {r["event_id"]: (r["next_attempt_at"], r["event_id"]) for r in rows}
+            records = sorted(await _records(conn, list(order)), key=lambda e: order[e.id])
+            return LaneClaim(tuple(leased(e, policy.sink) for e in records), retry_at)
+
+        return await self._run(run, transaction=True)
+
+    async def lane_stats(self, *, now: float) -> dict[str, LaneStats]:
+        async def run(conn: Any) -> dict[str, LaneStats]:
+            return {
+                row[0]: LaneStats(backlog=row[1], oldest_due=row[2], in_flight=row[3])
+                for row in await conn.fetch(LANE_STATS, now)
+            }
+
+        return await self._run(run)
+
+    # -- leases ---------------------------------------------------------------------------------
+
+    async def extend_leases(
+        self, leases: Leases, *, owner: str, lease_seconds: float, now: float
     ) -> None:
-        if not event_ids:
+        if not leases:
             return
+        expires = now + lease_seconds
+        event_ids, sinks = _keys(leases)
 
         async def run(conn: Any) -> None:
-            await conn.execute(EXTEND_LEASE, now + lease_seconds, list(event_ids), owner)
+            if leases.events:
+                await conn.execute(EXTEND_EVENT_LEASES, expires, list(leases.events), owner)
+            if event_ids:
+                await conn.execute(EXTEND_DELIVERY_LEASES, expires, event_ids, sinks, owner)
 
         await self._run(run)
 
-    async def release(self, event_ids: list[str], *, owner: str) -> None:
-        if not event_ids:
+    async def release(self, leases: Leases, *, owner: str) -> None:
+        if not leases:
             return
+        event_ids, sinks = _keys(leases)
 
         async def run(conn: Any) -> None:
-            await conn.execute(RELEASE, list(event_ids), owner)
+            if leases.events:
+                await conn.execute(RELEASE_EVENTS, list(leases.events), owner)
+            if event_ids:
+                await conn.execute(RELEASE_DELIVERIES, event_ids, sinks, owner)
 
         await self._run(run)
 
-    async def settle(self, event_id: str, sink: str, outcome: Outcome, *, now: float) -> None:
-        if outcome.state == "pending":
-            nxt: float | None = now if outcome.next_attempt_at is None else outcome.next_attempt_at
-        else:
-            nxt = None
-        error = None if outcome.state == "done" else outcome.error
-        args = (outcome.state, int(outcome.attempted), nxt, error, now, event_id, sink)
+    # -- settling -------------------------------------------------------------------------------
 
-        async def run(conn: Any) -> None:
+    async def settle(
+        self,
+        event_id: str,
+        sink: str,
+        outcome: Outcome,
+        *,
+        now: float,
+        lane: LaneResult | None = None,
+    ) -> EventState:
+        args = rules.settle_row(event_id, sink, outcome, now)
+
+        async def run(conn: Any) -> EventState:
             unknown = UnknownEvent(f"no delivery {sink!r} for event {event_id!r}")
             if await conn.fetchval(LOCK_EVENT, event_id) is None:
                 raise unknown
             if _count(await conn.execute(SETTLE, *args)) == 0:
                 raise unknown
-            await conn.execute(RECOMPUTE_EVENTS, [event_id])
+            state = (await _recompute(conn, [event_id]))[event_id]
+            if lane is not None:
+                await _lane_result(conn, sink, lane, now)
+            return state
 
-        await self._run(run, transaction=True)
+        return await self._run(run, transaction=True)
 
     async def get(self, event_id: str) -> EventRecord | None:
         async def run(conn: Any) -> EventRecord | None:
@@ -671,9 +890,10 @@ class PostgresStore:
             if await conn.fetchval(LOCK_EVENT, event_id) is None:
                 raise UnknownEvent(f"no event {event_id!r} in the inbox")
             count = _count(await conn.execute(REDELIVER, now, event_id))
-            await conn.execute(RECOMPUTE_EVENTS, [event_id])
             if count:
+                await conn.execute(REENRICH, now, [event_id])
                 await conn.execute(NOTIFY, CHANNEL, self._schema)
+            await _recompute(conn, [event_id])
             return count
 
         return await self._run(run, transaction=True)
@@ -684,7 +904,8 @@ class PostgresStore:
             if not ids:
                 return 0
             count = _count(await conn.execute(REDELIVER_DEAD, now, ids))
-            await conn.execute(RECOMPUTE_EVENTS, ids)
+            await conn.execute(REENRICH, now, ids)
+            await _recompute(conn, ids)
             await conn.execute(NOTIFY, CHANNEL, self._schema)
             return count
 
@@ -739,7 +960,6 @@ class PostgresStore:
         async def run(conn: Any) -> InboxOverview:
             lanes = lane_counts(
                 await conn.fetch(LANES_PENDING, now),
-                await conn.fetch(LANES_IN_FLIGHT, now),
                 await conn.fetch(LANES_FAILING, failing_since),
             )
             recent = delivery_records(await conn.fetch(RECENT_ERRORS, errors))
@@ -763,9 +983,10 @@ class PostgresStore:
             if await conn.fetchval(DELIVERY_STATE, event_id, sink) is None:
                 raise UnknownEvent(f"no delivery {sink!r} for event {event_id!r}")
             count = _count(await conn.execute(REDELIVER_SINK, now, event_id, sink))
-            await conn.execute(RECOMPUTE_EVENTS, [event_id])
             if count:
+                await conn.execute(REENRICH, now, [event_id])
                 await conn.execute(NOTIFY, CHANNEL, self._schema)
+            await _recompute(conn, [event_id])
             return count
 
         return await self._run(run, transaction=True)
@@ -776,7 +997,8 @@ class PostgresStore:
             if not ids:
                 return 0
             count = _count(await conn.execute(REDELIVER_DEAD_GROUP, now, ids, sink, error))
-            await conn.execute(RECOMPUTE_EVENTS, ids)
+            await conn.execute(REENRICH, now, ids)
+            await _recompute(conn, ids)
             await conn.execute(NOTIFY, CHANNEL, self._schema)
             return count
 
@@ -848,18 +1070,58 @@ async def _with_deliveries(conn: Any, rows: Sequence[Any]) -> list[EventRecord]:
     return event_records(rows, deliveries)
 
 
+async def _records(conn: Any, event_ids: list[str]) -> list[EventRecord]:
+    return await _with_deliveries(conn, await conn.fetch(SELECT_EVENTS, event_ids))
+
+
+async def _lock_event(conn: Any, event_id: str) -> None:
+    if await conn.fetchval(LOCK_EVENT, event_id) is None:
+        raise UnknownEvent(f"no event {event_id!r} in the inbox")
+
+
+async def _recompute(conn: Any, event_ids: list[str]) -> dict[str, EventState]:
+    """Set each event's state from its deliveries (:func:`rules.event_state`); the new states."""
+    by_event: dict[str, list[str]] = {event_id: [] for event_id in event_ids}
+    for row in await conn.fetch(SELECT_DELIVERY_STATES, event_ids):
+        by_event[row["event_id"]].append(row["state"])
+    states = {event_id: rules.event_state(found) for event_id, found in by_event.items()}
+    await conn.execute(SET_EVENT_STATES, list(states), list(states.values()))
+    return states
+
+
+def _keys(leases: Leases) -> tuple[list[str], list[str]]:
+    return [k.event_id for k in leases.deliveries], [k.sink for k in leases.deliveries]
+
+
+async def _lane(conn: Any, policy: LanePolicy, now: float) -> LaneState:
+    """The lane's row, locked until the transaction ends (created full when missing)."""
+    row = await conn.fetchrow(LOCK_LANE, policy.sink)
+    if row is None:
+        fresh = rules.fresh_lane(policy, now)
+        await conn.execute(INSERT_LANE, policy.sink, *lane_row(fresh))
+        row = await conn.fetchrow(LOCK_LANE, policy.sink)
+    return LaneState(*row)
+
+
+async def _lane_result(conn: Any, sink: str, result: LaneResult, now: float) -> None:
+    """Apply one attempt's result to its lane; the row is locked only when it changes."""
+    row = await conn.fetchrow(SELECT_LANE, sink)
+    state = LaneState(*row) if row is not None else rules.fresh_lane(result.policy, now)
+    if rules.after_result(state, result, now) is None:
+        return
+    state = await _lane(conn, result.policy, now)
+    changed = rules.after_result(state, result, now)
+    if changed is not None:
+        await conn.execute(UPDATE_LANE, sink, *lane_row(changed))
+
+
 # -- the inbox page's statements (receiver.store.browse) ----------------------------------------
 
-# Served by the partial index deliveries_pending_sink: only pending rows are read.
+# Only pending rows are read (the partial index deliveries_due).
 LANES_PENDING = """
-SELECT sink, count(*), min(next_attempt_at), count(*) FILTER (WHERE next_attempt_at <= $1)
+SELECT sink, count(*), min(next_attempt_at), count(*) FILTER (WHERE next_attempt_at <= $1),
+       count(*) FILTER (WHERE lease_expires_at > $1)
 FROM deliveries WHERE state = 'pending' GROUP BY sink
-"""
-
-LANES_IN_FLIGHT = """
-SELECT d.sink, count(*) FROM deliveries d JOIN events e ON e.id = d.event_id
-WHERE d.state = 'pending' AND d.next_attempt_at <= $1 AND e.lease_expires_at > $1
-GROUP BY d.sink
 """
 
 # Served by the partial index deliveries_failing.
@@ -868,10 +1130,10 @@ SELECT sink, count(*) FROM deliveries
 WHERE last_error IS NOT NULL AND updated_at >= $1 GROUP BY sink
 """
 
-RECENT_ERRORS = """
-SELECT event_id, sink, state, attempts, next_attempt_at, last_error, updated_at
-FROM deliveries WHERE last_error IS NOT NULL ORDER BY updated_at DESC LIMIT $1
-"""
+RECENT_ERRORS = (
+    "SELECT " + DELIVERY_COLUMNS + " FROM deliveries"
+    " WHERE last_error IS NOT NULL ORDER BY updated_at DESC LIMIT $1"
+)
 
 # Served by the partial index deliveries_dead_groups.
 DEAD_GROUPS = """

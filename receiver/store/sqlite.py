@@ -20,7 +20,7 @@ import contextlib
 import functools
 import json
 import sqlite3
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -29,14 +29,25 @@ import aiosqlite
 
 from receiver.config import StoreSettings
 from receiver.errors import ConfigError, StoreUnavailable, UnknownEvent
+from receiver.store import rules
 from receiver.store.base import (
+    DELIVERY_COLUMNS,
     EVENT_COLUMNS,
     EVENT_STATES,
-    Claim,
     EventRecord,
+    EventState,
+    LaneClaim,
+    LanePolicy,
+    LaneResult,
+    LaneState,
+    LaneStats,
+    Leases,
     NewEvent,
     Outcome,
+    Snapshot,
     event_records,
+    lane_row,
+    leased,
 )
 from receiver.store.batching import GroupCommit
 from receiver.store.browse import (
@@ -103,23 +114,52 @@ SCHEMA_V1: tuple[str, ...] = (
     "PRAGMA user_version = 1",
 )
 
-# The inbox page (receiver.store.browse): filter by event name or job id, the lanes' pending
-# deliveries by sink, the latest failures, dead letters by sink and error. The partial indexes
-# hold only the rows they serve; their last column, state, lets SQLite answer from the index
-# alone (it does not infer the column from the index's WHERE).
-SCHEMA_V2_BROWSE: tuple[str, ...] = (
-    "CREATE INDEX events_event_received ON events (event, received_at)",
-    "CREATE INDEX events_job ON events (job_id)",
-    "CREATE INDEX deliveries_pending_sink ON deliveries (sink, next_attempt_at, state)"
-    " WHERE state = 'pending'",
-    "CREATE INDEX deliveries_failing ON deliveries (updated_at) WHERE last_error IS NOT NULL",
-    "CREATE INDEX deliveries_dead_groups ON deliveries (sink, last_error, updated_at, state)"
-    " WHERE state = 'dead'",
+# Version 2, delivery lanes: the job snapshot and enrichment state on the event, a lease per
+# delivery, and one row of pacing state per lane. Events pending before are enriched again.
+SCHEMA_V2: tuple[str, ...] = (
+    "ALTER TABLE events ADD COLUMN snapshot TEXT",
+    "ALTER TABLE events ADD COLUMN fetched_at REAL",
+    "ALTER TABLE events ADD COLUMN enrich_at REAL",
+    "ALTER TABLE events ADD COLUMN enrich_attempts INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE events ADD COLUMN enrich_error TEXT",
+    "UPDATE events SET enrich_at = received_at, lease_owner = NULL, lease_expires_at = NULL "
+    "WHERE state = 'pending'",
+    "DROP INDEX events_due",
+    "ALTER TABLE events DROP COLUMN next_attempt_at",
+    "CREATE INDEX events_enrich ON events (enrich_at) WHERE enrich_at IS NOT NULL",
+    "ALTER TABLE deliveries ADD COLUMN lease_owner TEXT",
+    "ALTER TABLE deliveries ADD COLUMN lease_expires_at REAL",
+    # claim_deliveries: one lane's pending rows in due order; lane_stats: every pending row.
+    "CREATE INDEX deliveries_due ON deliveries (sink, next_attempt_at, event_id) "
+    "WHERE state = 'pending'",
+    """
+    CREATE TABLE lanes (
+        sink         TEXT PRIMARY KEY,
+        tokens       REAL NOT NULL,
+        refilled_at  REAL NOT NULL,
+        paused_until REAL NOT NULL DEFAULT 0,
+        failures     INTEGER NOT NULL DEFAULT 0,
+        opened_at    REAL
+    ) WITHOUT ROWID
+    """,
     "PRAGMA user_version = 2",
 )
 
+# Version 3, the inbox page (receiver.store.browse): filter by event name or job id, the latest
+# failures, dead letters by sink and error. The partial indexes hold only the rows they serve;
+# the last column, state, lets SQLite answer from the index alone (it does not infer the column
+# from the index's WHERE).
+SCHEMA_V3_BROWSE: tuple[str, ...] = (
+    "CREATE INDEX events_event_received ON events (event, received_at)",
+    "CREATE INDEX events_job ON events (job_id)",
+    "CREATE INDEX deliveries_failing ON deliveries (updated_at) WHERE last_error IS NOT NULL",
+    "CREATE INDEX deliveries_dead_groups ON deliveries (sink, last_error, updated_at, state)"
+    " WHERE state = 'dead'",
+    "PRAGMA user_version = 3",
+)
+
 # Migration N (1-based) brings the schema from version N-1 to N; each sets its own user_version.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (SCHEMA_V1, SCHEMA_V2_BROWSE)
+MIGRATIONS: tuple[tuple[str, ...], ...] = (SCHEMA_V1, SCHEMA_V2, SCHEMA_V3_BROWSE)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 PRAGMA_FOREIGN_KEYS = "PRAGMA foreign_keys = ON"
@@ -159,7 +199,7 @@ ROLLBACK_SAVEPOINT = "ROLLBACK TO item"
 SELECT_EXISTING_IDS = "SELECT id FROM events WHERE id IN (SELECT value FROM json_each(?))"
 
 INSERT_EVENT = """
-INSERT INTO events (id, event, job_id, body, headers, received_at, state, next_attempt_at)
+INSERT INTO events (id, event, job_id, body, headers, received_at, state, enrich_at)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 """
 
@@ -172,7 +212,7 @@ VALUES (?, ?, 'pending', 0, ?, NULL, ?)
 # statement step for the whole group instead of one per row, each of which would hand the GIL
 # back and forth with the event loop.
 INSERT_EVENTS_HEAD = """
-INSERT INTO events (id, event, job_id, body, headers, received_at, state, next_attempt_at)
+INSERT INTO events (id, event, job_id, body, headers, received_at, state, enrich_at)
 VALUES """
 EVENT_ROW = "(?, ?, ?, ?, ?, ?, ?, ?)"
 INSERT_DELIVERIES_HEAD = """
@@ -193,48 +233,116 @@ CHECKPOINT_RETRY_SECONDS = 0.05
 WAL_RESTART_PAGES = 16000
 
 
-CLAIM = """
+CLAIM_ENRICHMENT = """
 UPDATE events SET lease_owner = :owner, lease_expires_at = :expires
 WHERE id IN (
     SELECT id FROM events
-    WHERE state = 'pending' AND next_attempt_at <= :now
-      AND (lease_expires_at IS NULL OR lease_expires_at < :now)
-    ORDER BY next_attempt_at
+    WHERE enrich_at <= :now AND (lease_expires_at IS NULL OR lease_expires_at < :now)
+    ORDER BY enrich_at, rowid
     LIMIT :limit
 )
-RETURNING id, event, job_id, body, headers, received_at, state, next_attempt_at, rowid
+RETURNING id, enrich_at, rowid
 """
 
-EXTEND_LEASE = """
+# A refetched snapshot never replaces a newer one.
+SAVE_SNAPSHOT = """
+UPDATE events
+SET snapshot = ?, fetched_at = ?, enrich_at = NULL, enrich_error = NULL,
+    lease_owner = NULL, lease_expires_at = NULL
+WHERE id = ? AND (fetched_at IS NULL OR fetched_at <= ?)
+"""
+
+FAIL_ENRICHMENT = """
+UPDATE events
+SET enrich_attempts = enrich_attempts + 1, enrich_error = ?, enrich_at = ?,
+    lease_owner = NULL, lease_expires_at = NULL
+WHERE id = ?
+"""
+
+SELECT_PENDING_SINKS = "SELECT sink FROM deliveries WHERE event_id = ? AND state = 'pending'"
+
+SELECT_LANE = """
+SELECT tokens, refilled_at, paused_until, failures, opened_at FROM lanes WHERE sink = ?
+"""
+
+UPSERT_LANE = """
+INSERT INTO lanes (sink, tokens, refilled_at, paused_until, failures, opened_at)
+VALUES (?, ?, ?, ?, ?, ?)
+ON CONFLICT (sink) DO UPDATE SET
+    tokens = excluded.tokens, refilled_at = excluded.refilled_at,
+    paused_until = excluded.paused_until, failures = excluded.failures,
+    opened_at = excluded.opened_at
+"""
+
+# A lane's due deliveries whose event has its snapshot, oldest due first.
+CLAIM_DELIVERIES = """
+UPDATE deliveries SET lease_owner = :owner, lease_expires_at = :expires
+WHERE sink = :sink AND event_id IN (
+    SELECT d.event_id FROM deliveries d JOIN events e ON e.id = d.event_id
+    WHERE d.sink = :sink AND d.state = 'pending' AND d.next_attempt_at <= :now
+      AND (d.lease_expires_at IS NULL OR d.lease_expires_at < :now)
+      AND e.fetched_at IS NOT NULL
+    ORDER BY d.next_attempt_at, d.event_id
+    LIMIT :limit
+)
+RETURNING event_id, next_attempt_at
+"""
+
+NEXT_DUE = """
+SELECT min(d.next_attempt_at) FROM deliveries d JOIN events e ON e.id = d.event_id
+WHERE d.sink = ? AND d.state = 'pending' AND d.next_attempt_at > ?
+  AND e.fetched_at IS NOT NULL
+"""
+
+LANE_STATS = """
+SELECT sink,
+       sum(waiting AND due AND enriched),
+       min(CASE WHEN waiting AND due AND enriched THEN next_attempt_at END),
+       sum(NOT waiting)
+FROM (
+    SELECT d.sink, d.next_attempt_at,
+           (d.lease_expires_at IS NULL OR d.lease_expires_at < :now) AS waiting,
+           d.next_attempt_at <= :now AS due,
+           e.fetched_at IS NOT NULL AS enriched
+    FROM deliveries d JOIN events e ON e.id = d.event_id
+    WHERE d.state = 'pending'
+)
+GROUP BY sink
+"""
+
+EXTEND_EVENT_LEASES = """
 UPDATE events SET lease_expires_at = ?
 WHERE id IN (SELECT value FROM json_each(?)) AND lease_owner = ?
 """
 
-RELEASE = """
+RELEASE_EVENTS = """
 UPDATE events SET lease_owner = NULL, lease_expires_at = NULL
 WHERE id IN (SELECT value FROM json_each(?)) AND lease_owner = ?
 """
 
+EXTEND_DELIVERY_LEASE = """
+UPDATE deliveries SET lease_expires_at = ? WHERE event_id = ? AND sink = ? AND lease_owner = ?
+"""
+
+RELEASE_DELIVERY = """
+UPDATE deliveries SET lease_owner = NULL, lease_expires_at = NULL
+WHERE event_id = ? AND sink = ? AND lease_owner = ?
+"""
+
 SETTLE = """
 UPDATE deliveries
-SET state = ?, attempts = attempts + ?, next_attempt_at = ?, last_error = ?, updated_at = ?
+SET state = ?, attempts = attempts + ?, next_attempt_at = ?, last_error = ?, updated_at = ?,
+    lease_owner = NULL, lease_expires_at = NULL
 WHERE event_id = ? AND sink = ?
 """
 
-# An event's state and next attempt follow from its deliveries (see receiver.store.base).
-RECOMPUTE_EVENTS = """
-UPDATE events SET
-    state = CASE
-        WHEN EXISTS (SELECT 1 FROM deliveries d
-                     WHERE d.event_id = events.id AND d.state = 'pending') THEN 'pending'
-        WHEN EXISTS (SELECT 1 FROM deliveries d
-                     WHERE d.event_id = events.id AND d.state = 'dead') THEN 'dead'
-        ELSE 'done'
-    END,
-    next_attempt_at = (SELECT min(d.next_attempt_at) FROM deliveries d
-                       WHERE d.event_id = events.id AND d.state = 'pending')
-WHERE id IN (SELECT value FROM json_each(?))
+SETTLE_PENDING = SETTLE + " AND state = 'pending'"
+
+SELECT_DELIVERY_STATES = """
+SELECT event_id, state FROM deliveries WHERE event_id IN (SELECT value FROM json_each(?))
 """
+
+SET_EVENT_STATE = "UPDATE events SET state = ? WHERE id = ? AND state != ?"
 
 EVENT_EXISTS = "SELECT 1 FROM events WHERE id = ?"
 
@@ -251,6 +359,12 @@ WHERE state = 'dead'
 RETURNING event_id
 """
 
+# An event that never got its snapshot is fetched again first.
+REENRICH = """
+UPDATE events SET enrich_at = ?, enrich_attempts = 0, enrich_error = NULL
+WHERE id IN (SELECT value FROM json_each(?)) AND fetched_at IS NULL
+"""
+
 # Deliveries go with their event (ON DELETE CASCADE).
 PRUNE_BATCH = """
 DELETE FROM events WHERE id IN (
@@ -259,6 +373,9 @@ DELETE FROM events WHERE id IN (
 """
 
 SELECT_EVENT = "SELECT " + EVENT_COLUMNS + " FROM events WHERE id = ?"
+SELECT_EVENTS = (
+    "SELECT " + EVENT_COLUMNS + " FROM events WHERE id IN (SELECT value FROM json_each(?))"
+)
 
 LIST_ALL = (
     "SELECT " + EVENT_COLUMNS + " FROM events "
@@ -270,11 +387,10 @@ LIST_BY_STATE = (
     "ORDER BY received_at DESC, rowid DESC LIMIT ? OFFSET ?"
 )
 
-SELECT_DELIVERIES = """
-SELECT event_id, sink, state, attempts, next_attempt_at, last_error, updated_at
-FROM deliveries WHERE event_id IN (SELECT value FROM json_each(?))
-ORDER BY event_id, sink
-"""
+SELECT_DELIVERIES = (
+    "SELECT " + DELIVERY_COLUMNS + " FROM deliveries "
+    "WHERE event_id IN (SELECT value FROM json_each(?)) ORDER BY event_id, sink"
+)
 
 COUNTS = """
 SELECT
@@ -706,6 +822,7 @@ class SqliteStore:
         # The row is built here, in the caller's task, so a bad value fails only this caller.
         sinks = tuple(dict.fromkeys(event.sinks))
         received = event.received_at
+        state, enrich_at = rules.new_event_values(bool(sinks), received)
         row = (
             event.id,
             event.event,
@@ -713,70 +830,165 @@ class SqliteStore:
             event.body,
             _HEADERS_JSON.encode(dict(event.headers)),
             received,
-            "pending" if sinks else "done",
-            received if sinks else None,
+            state,
+            enrich_at,
         )
         deliveries = [(event.id, sink, received, received) for sink in sinks]
         return await self._adds.submit(_Add(row, deliveries))
 
-    async def claim(
+    # -- enrichment -----------------------------------------------------------------------------
+
+    async def claim_enrichment(
         self, *, owner: str, limit: int, lease_seconds: float, now: float
-    ) -> list[Claim]:
+    ) -> list[EventRecord]:
         if limit <= 0:
             return []
         params = {"owner": owner, "expires": now + lease_seconds, "now": now, "limit": limit}
 
-        async def run(conn: aiosqlite.Connection) -> list[Claim]:
-            rows = list(await conn.execute_fetchall(CLAIM, params))
+        async def run(conn: aiosqlite.Connection) -> list[EventRecord]:
+            rows = list(await conn.execute_fetchall(CLAIM_ENRICHMENT, params))
             if not rows:
                 return []
-            rows.sort(key=lambda r: (r[7], r[8]))
-            events = await _with_deliveries(conn, rows)
-            return [
-                Claim(
-                    event=ev,
-                    due=tuple(
-                        d
-                        for d in ev.deliveries
-                        if d.state == "pending"
-                        and d.next_attempt_at is not None
-                        and d.next_attempt_at <= now
-                    ),
-                    owner=owner,
-                )
-                for ev in events
-            ]
+            order = {row[0]: (row[1], row[2]) for row in rows}
+            records = await _records(conn, list(order))
+            return sorted(records, key=lambda record: order[record.id])
 
         return await self._write_tx(run)
 
-    async def extend_lease(
-        self, event_ids: list[str], *, owner: str, lease_seconds: float, now: float
+    async def save_snapshot(
+        self,
+        event_id: str,
+        snapshot: Snapshot,
+        *,
+        finished: Mapping[str, Outcome] | None = None,
+        now: float,
+    ) -> EventState:
+        settles = [rules.settle_row(event_id, sink, o, now) for sink, o in (finished or {}).items()]
+        args = (snapshot.to_json(), snapshot.fetched_at, event_id, snapshot.fetched_at)
+
+        async def run(conn: aiosqlite.Connection) -> EventState:
+            await _require_event(conn, event_id)
+            await conn.execute(SAVE_SNAPSHOT, args)
+            for settle in settles:
+                await conn.execute(SETTLE_PENDING, settle)
+            return (await _recompute(conn, [event_id]))[event_id]
+
+        return await self._write_tx(run)
+
+    async def fail_enrichment(
+        self, event_id: str, *, error: str, retry_at: float | None, now: float
+    ) -> EventState:
+        async def run(conn: aiosqlite.Connection) -> EventState:
+            await _require_event(conn, event_id)
+            await conn.execute(FAIL_ENRICHMENT, (error, retry_at, event_id))
+            outcome = rules.enrichment_failed(error, retry_at)
+            for (sink,) in await conn.execute_fetchall(SELECT_PENDING_SINKS, (event_id,)):
+                await conn.execute(SETTLE, rules.settle_row(event_id, sink, outcome, now))
+            return (await _recompute(conn, [event_id]))[event_id]
+
+        return await self._write_tx(run)
+
+    # -- lanes ----------------------------------------------------------------------------------
+
+    async def claim_deliveries(
+        self, policy: LanePolicy, *, owner: str, limit: int, lease_seconds: float, now: float
+    ) -> LaneClaim:
+        expires = now + lease_seconds
+
+        async def run(conn: aiosqlite.Connection) -> LaneClaim:
+            # One writer: the lane's state is read and written in this one transaction.
+            state = await _lane(conn, policy, now)
+            granted = rules.grant(policy, state, now, limit)
+            rows: list[Any] = []
+            if granted.count > 0:
+                params = {
+                    "owner": owner,
+                    "expires": expires,
+                    "sink": policy.sink,
+                    "now": now,
+                    "limit": granted.count,
+                }
+                rows = list(await conn.execute_fetchall(CLAIM_DELIVERIES, params))
+            new_state, retry_at = rules.after_claim(policy, granted, len(rows), now, lease_seconds)
+            if new_state != state:
+                await conn.execute(UPSERT_LANE, (policy.sink, *lane_row(new_state)))
+            if len(rows) < granted.count:
+                ((nxt,),) = await conn.execute_fetchall(NEXT_DUE, (policy.sink, now))
+                retry_at = rules.earliest(retry_at, nxt)
+            if not rows:
+                return LaneClaim((), retry_at)
+            order = {row[0]: (row[1], row[0]) for row in rows}
+            records = sorted(await _records(conn, list(order)), key=lambda e: order[e.id])
+            return LaneClaim(tuple(leased(e, policy.sink) for e in records), retry_at)
+
+        return await self._write_tx(run)
+
+    async def lane_stats(self, *, now: float) -> dict[str, LaneStats]:
+        async def run(conn: aiosqlite.Connection) -> dict[str, LaneStats]:
+            return {
+                row[0]: LaneStats(backlog=row[1] or 0, oldest_due=row[2], in_flight=row[3] or 0)
+                for row in await conn.execute_fetchall(LANE_STATS, {"now": now})
+            }
+
+        return await self._read_tx(run)
+
+    # -- leases ---------------------------------------------------------------------------------
+
+    async def extend_leases(
+        self, leases: Leases, *, owner: str, lease_seconds: float, now: float
     ) -> None:
-        if not event_ids:
+        if not leases:
             return
-        params = (now + lease_seconds, json.dumps(list(event_ids)), owner)
-        await self._write_tx(lambda conn: conn.execute(EXTEND_LEASE, params))
-
-    async def release(self, event_ids: list[str], *, owner: str) -> None:
-        if not event_ids:
-            return
-        params = (json.dumps(list(event_ids)), owner)
-        await self._write_tx(lambda conn: conn.execute(RELEASE, params))
-
-    async def settle(self, event_id: str, sink: str, outcome: Outcome, *, now: float) -> None:
-        if outcome.state == "pending":
-            nxt: float | None = now if outcome.next_attempt_at is None else outcome.next_attempt_at
-        else:
-            nxt = None
-        error = None if outcome.state == "done" else outcome.error
-        params = (outcome.state, int(outcome.attempted), nxt, error, now, event_id, sink)
+        expires = now + lease_seconds
 
         async def run(conn: aiosqlite.Connection) -> None:
-            if (await conn.execute(SETTLE, params)).rowcount == 0:
-                raise UnknownEvent(f"no delivery {sink!r} for event {event_id!r}")
-            await conn.execute(RECOMPUTE_EVENTS, (json.dumps([event_id]),))
+            if leases.events:
+                await conn.execute(EXTEND_EVENT_LEASES, (expires, json.dumps(leases.events), owner))
+            await conn.executemany(
+                EXTEND_DELIVERY_LEASE,
+                [(expires, k.event_id, k.sink, owner) for k in leases.deliveries],
+            )
 
         await self._write_tx(run)
+
+    async def release(self, leases: Leases, *, owner: str) -> None:
+        if not leases:
+            return
+
+        async def run(conn: aiosqlite.Connection) -> None:
+            if leases.events:
+                await conn.execute(RELEASE_EVENTS, (json.dumps(leases.events), owner))
+            await conn.executemany(
+                RELEASE_DELIVERY, [(k.event_id, k.sink, owner) for k in leases.deliveries]
+            )
+
+        await self._write_tx(run)
+
+    # -- settling -------------------------------------------------------------------------------
+
+    async def settle(
+        self,
+        event_id: str,
+        sink: str,
+        outcome: Outcome,
+        *,
+        now: float,
+        lane: LaneResult | None = None,
+    ) -> EventState:
+        args = rules.settle_row(event_id, sink, outcome, now)
+
+        async def run(conn: aiosqlite.Connection) -> EventState:
+            if (await conn.execute(SETTLE, args)).rowcount == 0:
+                raise UnknownEvent(f"no delivery {sink!r} for event {event_id!r}")
+            state = (await _recompute(conn, [event_id]))[event_id]
+            if lane is not None:
+                current = await _lane(conn, lane.policy, now)
+                changed = rules.after_result(current, lane, now)
+                if changed is not None:
+                    await conn.execute(UPSERT_LANE, (sink, *lane_row(changed)))
+            return state
+
+        return await self._write_tx(run)
 
     async def get(self, event_id: str) -> EventRecord | None:
         async def run(conn: aiosqlite.Connection) -> EventRecord | None:
@@ -803,11 +1015,12 @@ class SqliteStore:
 
     async def redeliver(self, event_id: str, *, now: float) -> int:
         async def run(conn: aiosqlite.Connection) -> int:
-            if not await conn.execute_fetchall(EVENT_EXISTS, (event_id,)):
-                raise UnknownEvent(f"no event {event_id!r} in the inbox")
-            count = (await conn.execute(REDELIVER, (now, now, event_id))).rowcount
-            await conn.execute(RECOMPUTE_EVENTS, (json.dumps([event_id]),))
-            return int(count)
+            await _require_event(conn, event_id)
+            count = int((await conn.execute(REDELIVER, (now, now, event_id))).rowcount)
+            if count:
+                await conn.execute(REENRICH, (now, json.dumps([event_id])))
+            await _recompute(conn, [event_id])
+            return count
 
         return await self._write_tx(run)
 
@@ -815,8 +1028,9 @@ class SqliteStore:
         async def run(conn: aiosqlite.Connection) -> int:
             rows = list(await conn.execute_fetchall(REDELIVER_DEAD, (now, now)))
             if rows:
-                ids = json.dumps(list({row[0] for row in rows}))
-                await conn.execute(RECOMPUTE_EVENTS, (ids,))
+                ids = list({row[0] for row in rows})
+                await conn.execute(REENRICH, (now, json.dumps(ids)))
+                await _recompute(conn, ids)
             return len(rows)
 
         return await self._write_tx(run)
@@ -871,8 +1085,7 @@ class SqliteStore:
     ) -> InboxOverview:
         async def run(conn: aiosqlite.Connection) -> InboxOverview:
             lanes = lane_counts(
-                await conn.execute_fetchall(LANES_PENDING, (now,)),
-                await conn.execute_fetchall(LANES_IN_FLIGHT, (now, now)),
+                await conn.execute_fetchall(LANES_PENDING, (now, now)),
                 await conn.execute_fetchall(LANES_FAILING, (failing_since,)),
             )
             recent = delivery_records(await conn.execute_fetchall(RECENT_ERRORS, (errors,)))
@@ -896,9 +1109,11 @@ class SqliteStore:
         async def run(conn: aiosqlite.Connection) -> int:
             if not await conn.execute_fetchall(DELIVERY_STATE, (event_id, sink)):
                 raise UnknownEvent(f"no delivery {sink!r} for event {event_id!r}")
-            count = (await conn.execute(REDELIVER_SINK, (now, now, event_id, sink))).rowcount
-            await conn.execute(RECOMPUTE_EVENTS, (json.dumps([event_id]),))
-            return int(count)
+            count = int((await conn.execute(REDELIVER_SINK, (now, now, event_id, sink))).rowcount)
+            if count:
+                await conn.execute(REENRICH, (now, json.dumps([event_id])))
+            await _recompute(conn, [event_id])
+            return count
 
         return await self._write_tx(run)
 
@@ -906,7 +1121,9 @@ class SqliteStore:
         async def run(conn: aiosqlite.Connection) -> int:
             rows = list(await conn.execute_fetchall(REDELIVER_DEAD_GROUP, (now, now, sink, error)))
             if rows:
-                await conn.execute(RECOMPUTE_EVENTS, (json.dumps([row[0] for row in rows]),))
+                ids = list({row[0] for row in rows})
+                await conn.execute(REENRICH, (now, json.dumps(ids)))
+                await _recompute(conn, ids)
             return len(rows)
 
         return await self._write_tx(run)
@@ -956,18 +1173,38 @@ async def _with_deliveries(
     return event_records(rows, await conn.execute_fetchall(SELECT_DELIVERIES, (ids,)))
 
 
+async def _records(conn: aiosqlite.Connection, event_ids: list[str]) -> list[EventRecord]:
+    rows = await conn.execute_fetchall(SELECT_EVENTS, (json.dumps(event_ids),))
+    return await _with_deliveries(conn, list(rows))
+
+
+async def _require_event(conn: aiosqlite.Connection, event_id: str) -> None:
+    if not await conn.execute_fetchall(EVENT_EXISTS, (event_id,)):
+        raise UnknownEvent(f"no event {event_id!r} in the inbox")
+
+
+async def _recompute(conn: aiosqlite.Connection, event_ids: list[str]) -> dict[str, EventState]:
+    """Set each event's state from its deliveries (:func:`rules.event_state`); the new states."""
+    by_event: dict[str, list[str]] = {event_id: [] for event_id in event_ids}
+    rows = await conn.execute_fetchall(SELECT_DELIVERY_STATES, (json.dumps(event_ids),))
+    for event_id, state in rows:
+        by_event[event_id].append(state)
+    states = {event_id: rules.event_state(found) for event_id, found in by_event.items()}
+    await conn.executemany(SET_EVENT_STATE, [(s, event_id, s) for event_id, s in states.items()])
+    return states
+
+
+async def _lane(conn: aiosqlite.Connection, policy: LanePolicy, now: float) -> LaneState:
+    rows = await conn.execute_fetchall(SELECT_LANE, (policy.sink,))
+    return LaneState(*next(iter(rows))) if rows else rules.fresh_lane(policy, now)
+
+
 # -- the inbox page's statements (receiver.store.browse) ----------------------------------------
 
-# Served by the partial index deliveries_pending_sink: only pending rows are read.
+# Only pending rows are read (the partial index deliveries_due).
 LANES_PENDING = """
-SELECT sink, count(*), min(next_attempt_at), sum(next_attempt_at <= ?)
+SELECT sink, count(*), min(next_attempt_at), sum(next_attempt_at <= ?), sum(lease_expires_at > ?)
 FROM deliveries WHERE state = 'pending' GROUP BY sink
-"""
-
-LANES_IN_FLIGHT = """
-SELECT d.sink, count(*) FROM deliveries d JOIN events e ON e.id = d.event_id
-WHERE d.state = 'pending' AND d.next_attempt_at <= ? AND e.lease_expires_at > ?
-GROUP BY d.sink
 """
 
 # Served by the partial index deliveries_failing.
@@ -976,10 +1213,10 @@ SELECT sink, count(*) FROM deliveries
 WHERE last_error IS NOT NULL AND updated_at >= ? GROUP BY sink
 """
 
-RECENT_ERRORS = """
-SELECT event_id, sink, state, attempts, next_attempt_at, last_error, updated_at
-FROM deliveries WHERE last_error IS NOT NULL ORDER BY updated_at DESC LIMIT ?
-"""
+RECENT_ERRORS = (
+    "SELECT " + DELIVERY_COLUMNS + " FROM deliveries"
+    " WHERE last_error IS NOT NULL ORDER BY updated_at DESC LIMIT ?"
+)
 
 # These three are served by the partial index deliveries_dead_groups (it holds the event id too).
 DEAD_GROUPS = """

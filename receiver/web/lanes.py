@@ -1,9 +1,8 @@
 """The overview's figures: one row for each sink lane, and the events by state.
 
-Backlog, due and oldest due come from the store, so they cover every replica sharing it. In
-flight comes from ``receiver_sink_in_flight{sink}`` when this process exports it, else from the
-store (due deliveries of leased events). The rate is this process's successful deliveries a
-minute, from ``receiver_sink_deliveries_total``, sampled each time the overview is drawn.
+Backlog, due, oldest due and in flight (deliveries leased to a worker) come from the store, so
+they cover every replica sharing it. The rate is this process's successful deliveries a minute,
+from ``receiver_sink_deliveries_total``, sampled each time the overview is drawn.
 """
 
 from __future__ import annotations
@@ -89,12 +88,6 @@ def gauge_counts(metrics: Metrics, now: float) -> tuple[dict[str, int], float | 
     return counts, (now - age if counts["pending"] else None)
 
 
-def in_flight(metrics: Metrics, lane: LaneCounts) -> int:
-    """The lane's sends in flight: this process's gauge when it has one, else the store's view."""
-    value = metrics.registry.get_sample_value("receiver_sink_in_flight", {"sink": lane.sink})
-    return lane.in_flight if value is None else int(value)
-
-
 def lane_rows(
     overview: InboxOverview,
     *,
@@ -119,7 +112,7 @@ def lane_rows(
                 type=types.get(name, "not configured"),
                 backlog=lane.backlog,
                 due=lane.due,
-                in_flight=in_flight(metrics, lane),
+                in_flight=lane.in_flight,
                 waiting=None if due_since is None else max(0.0, now - due_since),
                 next_due_at=lane.oldest_due_at if not lane.due else None,
                 failing=lane.failing,

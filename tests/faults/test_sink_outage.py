@@ -61,6 +61,8 @@ async def test_download_sink_outage_drains_the_backlog_after_recovery(
                 "backoff_initial_seconds": 0.05,
                 "backoff_max_seconds": 0.4,
                 "poll_interval_seconds": 0.05,
+                # Failures open the sink's circuit: its lane pauses, then probes (short here).
+                "circuit_pause_seconds": 0.2,
             },
             "sinks": [
                 {
@@ -108,7 +110,9 @@ async def test_download_sink_outage_drains_the_backlog_after_recovery(
         f"refused, {retries:.0f} retried deliveries, {duplicates} duplicate downloads "
         f"({duplicates / len(expected):.0%} of the files)"
     )
-    assert retries and retries >= EVENTS
+    # Deliveries failed during the outage; once the circuit opened, the lane stopped trying
+    # each one and probed instead, so not every event had to fail first.
+    assert retries and retries >= 5
     # At-least-once costs re-downloads only of files whose event failed on another file: on the
     # order of the files written, never a multiple of them.
     assert 0 <= duplicates <= len(expected)

@@ -46,6 +46,7 @@ async def test_check_config_example_masks_secrets():
     )
     assert code == 0, err
     assert "OK" in out and "files (download)" in out
+    assert "lane: concurrency 8, rate unlimited" in out
     assert key not in out and "whsec_local_development_secret" not in out
 
 

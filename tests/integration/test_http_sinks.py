@@ -10,6 +10,7 @@ import pytest
 
 from receiver.config import parse_settings
 from receiver.errors import PermanentError, TransientError
+from receiver.lanes import lane_result
 from receiver.signature import verify
 from receiver.sinks.http import HttpSink
 from receiver.sinks.slack import ChatSink
@@ -122,25 +123,9 @@ async def test_http_unreachable_is_a_failed_attempt(session):
 # ----------------------------------------------------------------------------- slack
 
 
-class Recorder:
-    """A fake clock and sleep for the pacing: sleeping advances the clock."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self.slept: list[float] = []
-
-    def clock(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
-        self.now += seconds
-
-
-def chat_sink(capture, session, recorder=None, **options):
+def chat_sink(capture, session, **options):
     settings = sink_settings({"type": "slack", "url": f"{capture.url}{HOOK_PATH}", **options})
-    recorder = recorder or Recorder()
-    return ChatSink(settings, session=session, clock=recorder.clock, sleep=recorder.sleep)
+    return ChatSink(settings, session=session)
 
 
 async def test_slack_default_message_names_event_job_and_item(capture, session):
@@ -209,31 +194,24 @@ async def test_discord_and_teams_shapes(capture, session):
     assert {"name": "Item", "value": "happy wave"} in teams["sections"][0]["facts"]
 
 
-async def test_slack_messages_are_paced_at_the_rate_limit(capture, session):
-    recorder = Recorder()
-    sink = chat_sink(capture, session, recorder)
+async def test_slack_never_waits_inside_send(capture, session):
+    """Pacing is the lane's (it claims one message per token): send posts at once."""
+    sink = chat_sink(capture, session)
+    assert sink.settings.rate_limit_per_second == 1.0
+    started = time.monotonic()
     for n in range(3):
         await sink.send(enriched_event(event_id=f"evt_{n}"))
     assert len(capture.requests) == 3
-    assert recorder.slept == [1.0, 1.0]  # default: one message per second
+    assert time.monotonic() - started < 1.0
 
 
-async def test_slack_429_retry_after_holds_the_whole_sink(capture, session):
-    recorder = Recorder()
-    sink = chat_sink(capture, session, recorder, rate_limit_per_second=0)
+async def test_slack_429_retry_after_pauses_the_lane(capture, session):
+    sink = chat_sink(capture, session)
     capture.script = [(429, {"Retry-After": "40"})]
     with pytest.raises(TransientError) as caught:
         await sink.send(enriched_event())
-    assert caught.value.retry_after == 40
-    # A delivery now would wait longer than half its timeout (60 s): put back, not sent.
-    with pytest.raises(TransientError) as held:
-        await sink.send(enriched_event(event_id="evt_2"))
-    assert held.value.retry_after == pytest.approx(40)
-    assert len(capture.requests) == 1
-    recorder.now += 38
-    await sink.send(enriched_event(event_id="evt_2"))  # a short pause is waited out
-    assert recorder.slept == [pytest.approx(2)]
-    assert len(capture.requests) == 2
+    assert (caught.value.retry_after, caught.value.status) == (40, 429)
+    assert lane_result(caught.value) == ("neutral", 40)
 
 
 @pytest.mark.parametrize(

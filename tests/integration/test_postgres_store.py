@@ -17,6 +17,7 @@ import pytest
 
 from receiver.errors import StoreUnavailable, UnknownEvent
 from receiver.store import NewEvent, Outcome
+from receiver.store.base import LanePolicy, Snapshot
 from receiver.store.postgres import SCHEMA_VERSION, PostgresStore
 from tests.helpers import free_port, wait_for
 from tests.postgres import (
@@ -31,6 +32,7 @@ from tests.postgres import (
 
 T0 = 1_700_000_000.0
 LEASE = 60.0
+SNAPSHOT = Snapshot(job={"id": "job", "status": "completed"}, assets=(), fetched_at=T0)
 
 StoreFactory = Callable[..., Awaitable[PostgresStore]]
 
@@ -160,28 +162,52 @@ async def test_concurrent_claims_never_hand_out_an_event_twice(stores: StoreFact
     replicas = [await stores() for _ in range(4)]
     for i in range(200):
         await replicas[0].add_event(new_event(f"ev-{i:03}"))
-    claimed: list[str] = []
+    enriching: list[str] = []
+    delivering: list[str] = []
 
     async def drain(store: PostgresStore, owner: str) -> None:
-        while claims := await store.claim(owner=owner, limit=7, lease_seconds=LEASE, now=T0):
-            claimed.extend(c.event.id for c in claims)
+        while records := await store.claim_enrichment(
+            owner=owner, limit=7, lease_seconds=LEASE, now=T0
+        ):
+            enriching.extend(r.id for r in records)
+            for record in records:
+                await store.save_snapshot(record.id, SNAPSHOT, now=T0)
+        while claim := (
+            await store.claim_deliveries(
+                LanePolicy("alpha"), owner=owner, limit=7, lease_seconds=LEASE, now=T0
+            )
+        ).deliveries:
+            delivering.extend(leased.event.id for leased in claim)
 
     await asyncio.gather(
         *(drain(store, f"w{n}-{k}") for n, store in enumerate(replicas) for k in range(3))
     )
-    assert sorted(claimed) == [f"ev-{i:03}" for i in range(200)]
+    assert sorted(enriching) == [f"ev-{i:03}" for i in range(200)]
+    assert sorted(delivering) == [f"ev-{i:03}" for i in range(200)]
 
 
 async def test_a_dead_replicas_claims_return_after_the_lease(stores: StoreFactory) -> None:
     a, b = await stores(), await stores()
     for i in range(5):
         await a.add_event(new_event(f"ev-{i}"))
-    assert len(await a.claim(owner="a", limit=10, lease_seconds=LEASE, now=T0)) == 5
+    assert len(await a.claim_enrichment(owner="a", limit=10, lease_seconds=LEASE, now=T0)) == 5
     await a.close()  # gone without releasing anything
 
-    assert await b.claim(owner="b", limit=10, lease_seconds=LEASE, now=T0 + LEASE - 1) == []
-    taken = await b.claim(owner="b", limit=10, lease_seconds=LEASE, now=T0 + LEASE + 1)
-    assert sorted(c.event.id for c in taken) == [f"ev-{i}" for i in range(5)]
+    assert await b.claim_enrichment(owner="b", limit=10, lease_seconds=LEASE, now=T0 + 59) == []
+    taken = await b.claim_enrichment(owner="b", limit=10, lease_seconds=LEASE, now=T0 + 61)
+    assert sorted(r.id for r in taken) == [f"ev-{i}" for i in range(5)]
+    for record in taken:
+        await b.save_snapshot(record.id, SNAPSHOT, now=T0 + 61)
+
+    c = await stores()
+    alpha = LanePolicy("alpha")
+    claim = await c.claim_deliveries(alpha, owner="c", limit=10, lease_seconds=LEASE, now=T0 + 61)
+    assert len(claim.deliveries) == 5
+    await c.close()
+    again = await b.claim_deliveries(alpha, owner="b", limit=10, lease_seconds=LEASE, now=T0 + 120)
+    assert again.deliveries == ()
+    again = await b.claim_deliveries(alpha, owner="b", limit=10, lease_seconds=LEASE, now=T0 + 122)
+    assert len(again.deliveries) == 5
 
 
 async def test_deliveries_of_one_event_settled_on_two_replicas_agree(
@@ -364,7 +390,10 @@ async def test_an_unreachable_database_is_store_unavailable_until_it_returns(
             store.add_event(new_event("during")),
             store.ping(),
             store.counts(),
-            store.claim(owner="w", limit=5, lease_seconds=LEASE, now=T0),
+            store.claim_enrichment(owner="w", limit=5, lease_seconds=LEASE, now=T0),
+            store.claim_deliveries(
+                LanePolicy("alpha"), owner="w", limit=5, lease_seconds=LEASE, now=T0
+            ),
         ):
             with pytest.raises(StoreUnavailable, match=f"127.0.0.1:{proxy.port}"):
                 await call
@@ -461,3 +490,51 @@ async def test_a_hung_database_is_store_unavailable_within_the_timeout(schema: s
 async def test_a_malformed_url_is_named_as_such(url: str) -> None:
     with pytest.raises(StoreUnavailable, match="is not a usable Postgres url"):
         await PostgresStore(store_settings("receiver_unused", url=url)).open()
+
+
+async def test_a_version_1_inbox_keeps_its_events_and_enriches_the_pending_ones(
+    schema: str,
+) -> None:
+    from receiver.store.postgres import MIGRATIONS
+
+    conn = await asyncpg.connect(POSTGRES_URL)
+    try:
+        await conn.execute(f'CREATE SCHEMA "{schema}"')
+        await conn.execute(f'SET search_path = "{schema}"')
+        async with conn.transaction():
+            for statement in MIGRATIONS[0].statements:
+                await conn.execute(statement)
+            await conn.execute(
+                "CREATE TABLE receiver_schema_migrations (version integer PRIMARY KEY, "
+                "description text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            await conn.execute("INSERT INTO receiver_schema_migrations VALUES (1, 'v1')")
+            await conn.execute(
+                "INSERT INTO events (id, event, job_id, body, headers, received_at, state, "
+                "next_attempt_at, lease_owner, lease_expires_at) VALUES "
+                "('ev-1', 'job.completed', 'job-1', '\\x7b7d', '{}', $1, 'pending', $2, "
+                "'old', $3)",
+                T0,
+                T0 + 5,
+                T0 + 60,
+            )
+            await conn.execute(
+                "INSERT INTO deliveries (event_id, sink, state, attempts, next_attempt_at, "
+                "last_error, updated_at) VALUES ('ev-1', 'beta', 'pending', 2, $1, 'boom', $1)",
+                T0 + 5,
+            )
+    finally:
+        await conn.close()
+
+    store = PostgresStore(store_settings(schema))
+    await store.open()
+    try:
+        assert await fetchval(schema, "SELECT max(version) FROM receiver_schema_migrations") == (
+            SCHEMA_VERSION
+        )
+        records = await store.claim_enrichment(owner="w", limit=5, lease_seconds=60, now=T0 + 1)
+        assert [r.id for r in records] == ["ev-1"]
+        [beta] = records[0].deliveries
+        assert (beta.state, beta.attempts, beta.last_error) == ("pending", 2, "boom")
+    finally:
+        await store.close()

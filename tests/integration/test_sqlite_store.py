@@ -153,7 +153,8 @@ async def test_migrates_an_empty_file_and_reopens_an_existing_one(tmp_path: Path
         tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
     finally:
         conn.close()
-    assert {"events", "deliveries", "events_due", "events_state_received"} <= tables
+    assert {"events", "deliveries", "lanes", "events_enrich", "deliveries_due"} <= tables
+    assert "events_state_received" in tables
 
     async with opened(path) as store:
         assert (await store.pragmas())["user_version"] == SCHEMA_VERSION
@@ -203,8 +204,14 @@ async def test_claim_and_prune_use_their_indexes(tmp_path: Path) -> None:
     conn = sqlite3.connect(path)
     try:
         claim = {"owner": "w", "expires": 1.0, "now": 1.0, "limit": 1}
+        lane = {**claim, "sink": "alpha"}
         plans = {
-            "claim": conn.execute("EXPLAIN QUERY PLAN " + sqlite_module.CLAIM, claim).fetchall(),
+            "enrich": conn.execute(
+                "EXPLAIN QUERY PLAN " + sqlite_module.CLAIM_ENRICHMENT, claim
+            ).fetchall(),
+            "claim": conn.execute(
+                "EXPLAIN QUERY PLAN " + sqlite_module.CLAIM_DELIVERIES, lane
+            ).fetchall(),
             "prune": conn.execute(
                 "EXPLAIN QUERY PLAN " + sqlite_module.PRUNE_BATCH, (1.0, 10)
             ).fetchall(),
@@ -215,8 +222,9 @@ async def test_claim_and_prune_use_their_indexes(tmp_path: Path) -> None:
     finally:
         conn.close()
     text = {name: " | ".join(row[3] for row in rows) for name, rows in plans.items()}
-    assert "USING INDEX events_due (state=? AND next_attempt_at<?)" in text["claim"]
-    assert "TEMP B-TREE" not in text["claim"]
+    assert "USING INDEX events_enrich (enrich_at<?)" in text["enrich"]
+    assert "USING INDEX deliveries_due (sink=? AND next_attempt_at<?)" in text["claim"]
+    assert "TEMP B-TREE" not in text["claim"] + text["enrich"]
     assert "events_state_received (state=? AND received_at<?)" in text["prune"]
     assert "SCAN events" not in text["add"]
 
@@ -382,3 +390,44 @@ def test_open_store_other_schemes(monkeypatch: pytest.MonkeyPatch) -> None:
     for url in ("postgresql://localhost/db", "postgres://localhost/db"):
         with pytest.raises(ConfigError, match=r"pip install 'receiver\[postgres\]'"):
             open_store(StoreSettings(url=url))
+
+
+# -- the lanes migration ------------------------------------------------------------------------
+
+V1_EVENT = (
+    "INSERT INTO events (id, event, job_id, body, headers, received_at, state, next_attempt_at, "
+    "lease_owner, lease_expires_at) VALUES (?, 'job.completed', 'job-1', X'7B7D', '{}', ?, ?, ?, "
+    "?, ?)"
+)
+V1_DELIVERY = (
+    "INSERT INTO deliveries (event_id, sink, state, attempts, next_attempt_at, last_error, "
+    "updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+async def test_a_version_1_inbox_keeps_its_events_and_enriches_the_pending_ones(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "inbox.db"
+    conn = sqlite3.connect(path)
+    try:
+        for statement in sqlite_module.SCHEMA_V1:
+            conn.execute(statement)
+        conn.execute(V1_EVENT, ("ev-1", T0, "pending", T0 + 5, "old-worker", T0 + 60))
+        conn.execute(V1_DELIVERY, ("ev-1", "alpha", "done", 1, None, None, T0))
+        conn.execute(V1_DELIVERY, ("ev-1", "beta", "pending", 2, T0 + 5, "boom", T0))
+        conn.execute(V1_EVENT, ("ev-2", T0, "done", None, None, None))
+        conn.execute(V1_DELIVERY, ("ev-2", "alpha", "done", 1, None, None, T0))
+        conn.commit()
+    finally:
+        conn.close()
+
+    async with opened(path) as store:
+        assert (await store.pragmas())["user_version"] == SCHEMA_VERSION
+        # The old claim is gone with the old worker; the pending event is fetched afresh.
+        records = await store.claim_enrichment(owner="w", limit=5, lease_seconds=60, now=T0 + 1)
+        assert [r.id for r in records] == ["ev-1"]
+        beta = records[0].deliveries[1]
+        assert (beta.state, beta.attempts, beta.last_error) == ("pending", 2, "boom")
+        done = await store.get("ev-2")
+        assert done is not None and done.state == "done" and done.snapshot is None

@@ -18,7 +18,15 @@ import pytest
 from receiver.config import StoreSettings
 from receiver.errors import StoreUnavailable, UnknownEvent
 from receiver.store import NewEvent, Outcome, Store
-from receiver.store.base import DeliveryState
+from receiver.store.base import (
+    DeliveryKey,
+    DeliveryState,
+    LanePolicy,
+    LaneResult,
+    LaneStats,
+    Leases,
+    Snapshot,
+)
 from receiver.store.memory import MemoryStore
 from receiver.store.sqlite import SqliteStore
 from tests.postgres import fresh_schema, require_postgres, store_settings
@@ -149,16 +157,6 @@ async def test_concurrent_adds_answer_true_exactly_once_per_id(store: Store) -> 
     assert counts["pending"] == 200
 
 
-async def test_event_without_sinks_is_done(store: Store) -> None:
-    assert await store.add_event(new_event("ev-1", sinks=())) is True
-    record = await store.get("ev-1")
-    assert record is not None
-    assert record.state == "done"
-    assert record.deliveries == ()
-    assert await store.claim(owner="w1", limit=10, lease_seconds=LEASE, now=T0 + 999) == []
-    assert (await store.counts())[0] == {"pending": 0, "done": 1, "dead": 0}
-
-
 async def test_get_unknown_is_none(store: Store) -> None:
     assert await store.get("nope") is None
 
@@ -175,84 +173,388 @@ async def test_closed_store_raises_store_unavailable(open_backend: StoreFactory)
         await store.add_event(new_event("ev-1"))
 
 
-# -- claiming -----------------------------------------------------------------------------------
+# -- enrichment ---------------------------------------------------------------------------------
+
+JOB = {"id": "job", "status": "completed", "type": "image"}
 
 
-async def test_claim_waits_for_due_time(store: Store) -> None:
-    await store.add_event(new_event("ev-1", received_at=T0))
-    assert await store.claim(owner="w1", limit=10, lease_seconds=LEASE, now=T0 - 1) == []
-
-    [claim] = await store.claim(owner="w1", limit=10, lease_seconds=LEASE, now=T0)
-    assert claim.owner == "w1"
-    assert claim.event.id == "ev-1"
-    assert claim.event.state == "pending"
-    assert [d.sink for d in claim.event.deliveries] == ["alpha", "beta"]
-    assert [d.sink for d in claim.due] == ["alpha", "beta"]
+def snapshot(at: float = T0, **job: Any) -> Snapshot:
+    return Snapshot(
+        job={**JOB, **job}, assets=({"id": "ast_1", "status": "completed"},), fetched_at=at
+    )
 
 
-async def test_claim_oldest_first_with_limit(store: Store) -> None:
+async def enriched(store: Store, *event_ids: str, now: float = T0) -> None:
+    """Give each event its snapshot, as a worker does after fetching the job."""
+    for event_id in event_ids:
+        await store.save_snapshot(event_id, snapshot(now), now=now)
+
+
+def lane(sink: str = "alpha", **kw: Any) -> LanePolicy:
+    return LanePolicy(sink=sink, **kw)
+
+
+async def claim(
+    store: Store,
+    sink: str = "alpha",
+    *,
+    owner: str = "w1",
+    limit: int = 10,
+    now: float = T0,
+    policy: LanePolicy | None = None,
+    lease: float = LEASE,
+) -> list[str]:
+    """Claim a lane; the event ids handed out, in order."""
+    got = await store.claim_deliveries(
+        policy or lane(sink), owner=owner, limit=limit, lease_seconds=lease, now=now
+    )
+    for leased in got.deliveries:
+        assert leased.delivery.sink == sink
+        assert leased.delivery.event_id == leased.event.id
+    return [leased.event.id for leased in got.deliveries]
+
+
+async def enrich_ids(
+    store: Store, *, owner: str = "w1", limit: int = 10, now: float = T0
+) -> list[str]:
+    records = await store.claim_enrichment(owner=owner, limit=limit, lease_seconds=LEASE, now=now)
+    return [r.id for r in records]
+
+
+async def test_enrichment_waits_for_due_time_and_comes_oldest_first(store: Store) -> None:
     for i, offset in enumerate([5.0, 1.0, 4.0, 2.0, 3.0]):
         await store.add_event(new_event(f"ev-{i}", received_at=T0 + offset))
+    assert await enrich_ids(store, now=T0) == []
+    assert await enrich_ids(store, limit=2, now=T0 + 10) == ["ev-1", "ev-3"]
+    [record] = await store.claim_enrichment(owner="w2", limit=1, lease_seconds=LEASE, now=T0 + 10)
+    assert record.id == "ev-4"
+    assert record.snapshot is None and record.enrich_attempts == 0
+    assert [d.sink for d in record.deliveries] == ["alpha", "beta"]
+    assert await enrich_ids(store, owner="w3", now=T0 + 10) == ["ev-2", "ev-0"]
+    assert await enrich_ids(store, owner="w3", now=T0 + 10) == []
+    assert await enrich_ids(store, limit=0, now=T0 + 999) == []
+
+
+async def test_an_event_without_a_snapshot_has_nothing_to_deliver(store: Store) -> None:
+    await store.add_event(new_event("ev-1"))
+    assert await claim(store, now=T0 + 100) == []
+    await enriched(store, "ev-1")
+    assert await claim(store, now=T0 + 100) == ["ev-1"]
+    # The snapshot is stored once: nothing to enrich any more.
+    assert await enrich_ids(store, now=T0 + 100) == []
+    record = await store.get("ev-1")
+    assert record is not None and record.snapshot == snapshot(T0)
+    assert record.enrich_at is None
+
+
+async def test_event_without_sinks_is_done(store: Store) -> None:
+    assert await store.add_event(new_event("ev-1", sinks=())) is True
+    record = await store.get("ev-1")
+    assert record is not None
+    assert record.state == "done"
+    assert record.deliveries == ()
+    assert await enrich_ids(store, now=T0 + 999) == []
+    assert (await store.counts())[0] == {"pending": 0, "done": 1, "dead": 0}
+
+
+async def test_an_enrichment_lease_holds_until_it_runs_out_or_is_released(store: Store) -> None:
+    await store.add_event(new_event("ev-1"))
+    await store.add_event(new_event("ev-2"))
+    assert await enrich_ids(store, now=T0) == ["ev-1", "ev-2"]
+    assert await enrich_ids(store, owner="w2", now=T0 + 1) == []
+    await store.release(Leases(events=("ev-1", "ev-2")), owner="intruder")
+    await store.extend_leases(
+        Leases(events=("ev-2",)), owner="w1", lease_seconds=LEASE, now=T0 + 30
+    )
+    assert await enrich_ids(store, owner="w2", now=T0 + 1) == []
+    await store.release(Leases(events=("ev-1",)), owner="w1")
+    assert await enrich_ids(store, owner="w2", now=T0 + 2) == ["ev-1"]
+    # ev-2's lease was pushed to T0 + 90 (w2's lease of ev-1 runs until T0 + 62).
+    assert await enrich_ids(store, owner="w3", now=T0 + LEASE + 1) == []
+    assert await enrich_ids(store, owner="w3", now=T0 + 91) == ["ev-1", "ev-2"]
+    await store.release(Leases(), owner="w1")
+
+
+async def test_a_failed_enrichment_backs_off_then_gives_up(store: Store) -> None:
+    await store.add_event(new_event("ev-1"))
+    await store.settle("ev-1", "beta", Outcome(state="done"), now=T0)
+    assert await enrich_ids(store, now=T0) == ["ev-1"]
+    state = await store.fail_enrichment("ev-1", error="not ready", retry_at=T0 + 10, now=T0 + 1)
+    assert state == "pending"
+    assert await enrich_ids(store, now=T0 + 9) == []
+    [record] = await store.claim_enrichment(owner="w", limit=5, lease_seconds=LEASE, now=T0 + 10)
+    assert (record.enrich_attempts, record.enrich_error, record.enrich_at) == (
+        1,
+        "not ready",
+        T0 + 10,
+    )
+    # Each pending delivery shows the failed attempt and when the next one is due.
+    alpha, beta = record.deliveries
+    assert (alpha.state, alpha.attempts, alpha.last_error, alpha.next_attempt_at) == (
+        "pending",
+        1,
+        "not ready",
+        T0 + 10,
+    )
+    assert (beta.state, beta.attempts) == ("done", 1)
+
+    state = await store.fail_enrichment("ev-1", error="gave up: 404", retry_at=None, now=T0 + 11)
+    assert state == "dead"
+    record = await store.get("ev-1")
+    assert record is not None
+    assert states(record) == {"alpha": "dead", "beta": "done"}
+    assert record.deliveries[0].last_error == "gave up: 404"
+    assert record.deliveries[0].attempts == 2
+    assert await enrich_ids(store, now=T0 + 999) == []
+
+    # A redelivery fetches the job again first.
+    assert await store.redeliver_dead(now=T0 + 20) == 1
+    assert await enrich_ids(store, now=T0 + 20) == ["ev-1"]
+    record = await store.get("ev-1")
+    assert record is not None and record.enrich_attempts == 0
+
+
+async def test_the_snapshot_settles_filtered_out_sinks(store: Store) -> None:
+    await store.add_event(new_event("ev-1"))
+    await store.add_event(new_event("ev-2"))
+    skip = Outcome(state="skipped", attempted=False)
+    gone = Outcome(state="dead", error="sink beta is no longer configured")
+    state = await store.save_snapshot(
+        "ev-1", snapshot(), finished={"alpha": skip, "beta": skip}, now=T0
+    )
+    assert state == "done"
+    state = await store.save_snapshot("ev-2", snapshot(), finished={"beta": gone}, now=T0)
+    assert state == "pending"
+    record = await store.get("ev-2")
+    assert record is not None and states(record) == {"alpha": "pending", "beta": "dead"}
+    assert await claim(store, "beta", now=T0 + 1) == []
+    with pytest.raises(UnknownEvent):
+        await store.save_snapshot("nope", snapshot(), now=T0)
+
+
+async def test_a_refetched_snapshot_never_replaces_a_newer_one(store: Store) -> None:
+    await store.add_event(new_event("ev-1"))
+    await store.save_snapshot("ev-1", snapshot(T0 + 10, status="completed"), now=T0 + 10)
+    await store.save_snapshot("ev-1", snapshot(T0 + 5, status="stale"), now=T0 + 11)
+    record = await store.get("ev-1")
+    assert record is not None and record.snapshot is not None
+    assert record.snapshot.fetched_at == T0 + 10
+    await store.save_snapshot("ev-1", snapshot(T0 + 20, status="newer"), now=T0 + 21)
+    record = await store.get("ev-1")
+    assert record is not None and record.snapshot is not None
+    assert record.snapshot.job["status"] == "newer"
+
+
+# -- lanes: claiming ----------------------------------------------------------------------------
+
+
+async def test_lane_claims_wait_for_the_due_time(store: Store) -> None:
+    await store.add_event(new_event("ev-1", received_at=T0))
+    await enriched(store, "ev-1")
+    assert await claim(store, now=T0 - 1) == []
+    got = await store.claim_deliveries(lane(), owner="w1", limit=10, lease_seconds=LEASE, now=T0)
+    [leased] = got.deliveries
+    assert leased.event.id == "ev-1" and leased.event.snapshot == snapshot()
+    assert leased.delivery.sink == "alpha" and leased.delivery.state == "pending"
+    assert leased.delivery.leased_until == T0 + LEASE
+
+
+async def test_lane_claims_oldest_first_with_limit(store: Store) -> None:
+    for i, offset in enumerate([5.0, 1.0, 4.0, 2.0, 3.0]):
+        await store.add_event(new_event(f"ev-{i}", received_at=T0 + offset))
+        await enriched(store, f"ev-{i}")
     now = T0 + 10
+    assert await claim(store, limit=2, now=now) == ["ev-1", "ev-3"]
+    assert await claim(store, owner="w2", now=now) == ["ev-4", "ev-2", "ev-0"]
+    assert await claim(store, owner="w3", now=now) == []
+    assert await claim(store, limit=0, now=now + 999) == []
+    # Each lane has its own deliveries.
+    assert len(await claim(store, "beta", now=now)) == 5
 
-    first = await store.claim(owner="w1", limit=2, lease_seconds=LEASE, now=now)
-    assert [c.event.id for c in first] == ["ev-1", "ev-3"]
-    second = await store.claim(owner="w2", limit=10, lease_seconds=LEASE, now=now)
-    assert [c.event.id for c in second] == ["ev-4", "ev-2", "ev-0"]
-    assert await store.claim(owner="w3", limit=10, lease_seconds=LEASE, now=now) == []
-    assert await store.claim(owner="w1", limit=0, lease_seconds=LEASE, now=now + 999) == []
 
-
-async def test_leased_event_is_not_claimed_again_until_lease_expires(store: Store) -> None:
+async def test_a_leased_delivery_is_not_claimed_again_until_its_lease_runs_out(
+    store: Store,
+) -> None:
     await store.add_event(new_event("ev-1"))
-    assert len(await store.claim(owner="w1", limit=10, lease_seconds=LEASE, now=T0)) == 1
-
-    assert await store.claim(owner="w2", limit=10, lease_seconds=LEASE, now=T0 + 1) == []
-    # The holder itself does not get its own live claim twice either.
-    assert await store.claim(owner="w1", limit=10, lease_seconds=LEASE, now=T0 + 1) == []
-
-    [claim] = await store.claim(owner="w2", limit=10, lease_seconds=LEASE, now=T0 + LEASE + 1)
-    assert claim.owner == "w2"
+    await enriched(store, "ev-1")
+    assert await claim(store, now=T0) == ["ev-1"]
+    assert await claim(store, owner="w2", now=T0 + 1) == []
+    assert await claim(store, owner="w1", now=T0 + 1) == []  # not twice to its holder either
+    assert await claim(store, owner="w2", now=T0 + LEASE + 1) == ["ev-1"]
     # w1 lost the lease: its release must not free w2's claim.
-    await store.release(["ev-1"], owner="w1")
-    assert await store.claim(owner="w3", limit=10, lease_seconds=LEASE, now=T0 + LEASE + 2) == []
+    await store.release(Leases(deliveries=(DeliveryKey("ev-1", "alpha"),)), owner="w1")
+    assert await claim(store, owner="w3", now=T0 + LEASE + 2) == []
 
 
-async def test_claim_returns_only_due_deliveries(store: Store) -> None:
-    await store.add_event(new_event("ev-1"))
-    retry = Outcome(state="pending", error="boom", next_attempt_at=T0 + 100)
-    await store.settle("ev-1", "alpha", retry, now=T0 + 1)
-
-    [claim] = await store.claim(owner="w1", limit=10, lease_seconds=LEASE, now=T0 + 10)
-    assert [d.sink for d in claim.due] == ["beta"]
-    assert [d.sink for d in claim.event.deliveries] == ["alpha", "beta"]
-
-
-async def test_release_only_for_the_owner(store: Store) -> None:
+async def test_delivery_leases_extend_and_release_only_for_their_owner(store: Store) -> None:
     await store.add_event(new_event("ev-1"))
     await store.add_event(new_event("ev-2", received_at=T0 + 1))
-    await store.claim(owner="w1", limit=10, lease_seconds=LEASE, now=T0 + 1)
+    await enriched(store, "ev-1", "ev-2")
+    assert await claim(store, now=T0 + 1) == ["ev-1", "ev-2"]
+    one, two = DeliveryKey("ev-1", "alpha"), DeliveryKey("ev-2", "alpha")
+    unknown = DeliveryKey("unknown", "alpha")
 
-    await store.release(["ev-1", "ev-2", "unknown"], owner="intruder")
-    assert await store.claim(owner="w2", limit=10, lease_seconds=LEASE, now=T0 + 2) == []
+    await store.release(Leases(deliveries=(one, two, unknown)), owner="intruder")
+    await store.extend_leases(
+        Leases(deliveries=(two,)), owner="intruder", lease_seconds=999, now=T0
+    )
+    assert await claim(store, owner="w2", now=T0 + 2) == []
 
-    await store.release(["ev-1"], owner="w1")
-    claims = await store.claim(owner="w2", limit=10, lease_seconds=LEASE, now=T0 + 2)
-    assert [c.event.id for c in claims] == ["ev-1"]
-    await store.release([], owner="w1")
+    await store.extend_leases(
+        Leases(deliveries=(two,)), owner="w1", lease_seconds=LEASE, now=T0 + 30
+    )
+    await store.release(Leases(deliveries=(one,)), owner="w1")
+    assert await claim(store, owner="w2", now=T0 + 2) == ["ev-1"]
+    # The first lease of ev-2 ran out at T0 + 61; the extended one runs until T0 + 90
+    # (and w2's of ev-1 until T0 + 62).
+    assert await claim(store, owner="w3", now=T0 + 62) == []
+    assert await claim(store, owner="w3", now=T0 + 91) == ["ev-1", "ev-2"]
+    await store.extend_leases(Leases(), owner="w2", lease_seconds=LEASE, now=T0 + 91)
 
 
-async def test_extend_lease_only_for_the_owner(store: Store) -> None:
+async def test_settle_drops_the_lease_so_a_retry_comes_back_when_due(store: Store) -> None:
     await store.add_event(new_event("ev-1"))
-    await store.claim(owner="w1", limit=10, lease_seconds=LEASE, now=T0)
+    await enriched(store, "ev-1")
+    assert await claim(store, now=T0) == ["ev-1"]
+    retry = Outcome(state="pending", error="x", next_attempt_at=T0 + 5)
+    await store.settle("ev-1", "alpha", retry, now=T0 + 1)
+    got = await store.claim_deliveries(lane(), owner="w2", limit=5, lease_seconds=LEASE, now=T0 + 2)
+    assert got.deliveries == () and got.retry_at == T0 + 5
+    assert await claim(store, owner="w2", now=T0 + 5) == ["ev-1"]
 
-    await store.extend_lease(["ev-1"], owner="intruder", lease_seconds=1000, now=T0 + 30)
-    await store.extend_lease(["ev-1"], owner="w1", lease_seconds=LEASE, now=T0 + 30)
-    # The original lease ran out at T0 + 60; the extended one runs until T0 + 90.
-    assert await store.claim(owner="w2", limit=10, lease_seconds=LEASE, now=T0 + 61) == []
-    claims = await store.claim(owner="w2", limit=10, lease_seconds=LEASE, now=T0 + 91)
-    assert [c.event.id for c in claims] == ["ev-1"]
-    await store.extend_lease([], owner="w2", lease_seconds=LEASE, now=T0 + 91)
+
+async def test_one_lanes_backlog_never_delays_another_lane(store: Store) -> None:
+    for i in range(60):
+        await store.add_event(new_event(f"old-{i:02}", sinks=("slow",), received_at=T0 + i / 100))
+        await enriched(store, f"old-{i:02}")
+    await store.add_event(new_event("new", sinks=("fast", "slow"), received_at=T0 + 10))
+    await enriched(store, "new")
+    assert await claim(store, "fast", limit=1, now=T0 + 10) == ["new"]
+    assert len(await claim(store, "slow", limit=100, now=T0 + 10)) == 61
+
+
+# -- lanes: pacing, pauses, circuit -------------------------------------------------------------
+
+
+async def test_a_paced_lane_hands_out_one_delivery_per_token(store: Store) -> None:
+    for i in range(10):
+        await store.add_event(new_event(f"ev-{i}", received_at=T0 + i / 1000))
+        await enriched(store, f"ev-{i}")
+    paced = lane(rate=1.0, burst=1.0)
+    first = await store.claim_deliveries(paced, owner="w", limit=8, lease_seconds=LEASE, now=T0 + 1)
+    assert [x.event.id for x in first.deliveries] == ["ev-0"]
+    # The next token in a second (and a hundredth: the bucket keeps a margin).
+    assert first.retry_at == pytest.approx(T0 + 2 + 1 / 99)
+    assert await claim(store, policy=paced, now=T0 + 2) == []
+    assert await claim(store, policy=paced, now=T0 + 2.02) == ["ev-1"]
+    # A long idle time refills only up to the burst.
+    assert await claim(store, policy=paced, now=T0 + 50) == ["ev-2"]
+    assert await claim(store, policy=paced, now=T0 + 50.5) == []
+    # A claim that finds nothing spends nothing.
+    other = lane("beta", rate=1.0, burst=1.0)
+    assert await claim(store, "beta", policy=other, now=T0 - 10) == []
+    assert await claim(store, "beta", policy=other, now=T0 + 1) == ["ev-0"]
+
+
+async def test_two_stores_on_one_inbox_keep_to_one_lanes_rate(
+    backend: str, open_backend: StoreFactory
+) -> None:
+    if backend == "memory":
+        pytest.skip("a memory store is one process's own")
+    a, b = await open_backend(), await open_backend()
+    for i in range(40):
+        await a.add_event(new_event(f"ev-{i:02}", received_at=T0))
+        await enriched(a, f"ev-{i:02}")
+    paced = lane(rate=2.0, burst=1.0)
+    taken: list[tuple[float, str]] = []
+    # Ten seconds; four workers on two stores claim at once, each time at the moment the last
+    # claims said the next token is due (as lanes do).
+    now = T0
+    while now <= T0 + 10:
+        claims = await asyncio.gather(
+            *(
+                s.claim_deliveries(paced, owner=f"w{n}", limit=8, lease_seconds=LEASE, now=now)
+                for n, s in enumerate((a, b, a, b))
+            )
+        )
+        taken += [(now, leased.event.id) for c in claims for leased in c.deliveries]
+        retry_at = min(c.retry_at for c in claims if c.retry_at is not None)
+        assert retry_at > now
+        now = retry_at
+    assert len({event_id for _, event_id in taken}) == len(taken)  # never one twice
+    # The one token at the start, then (a hair under) two a second.
+    assert 20 <= len(taken) <= 21
+    times = [t for t, _ in taken]
+    assert all(sum(1 for u in times if t <= u < t + 1.0) <= 2 for t in times)
+
+
+async def test_a_burst_and_an_unpaced_lane(store: Store) -> None:
+    for i in range(30):
+        await store.add_event(new_event(f"ev-{i:02}", received_at=T0))
+        await enriched(store, f"ev-{i:02}")
+    assert len(await claim(store, policy=lane(rate=50.0, burst=5.0), limit=20, now=T0)) == 5
+    assert len(await claim(store, "beta", policy=lane("beta"), limit=20, now=T0)) == 20
+
+
+async def test_a_retry_after_pauses_the_whole_lane(store: Store) -> None:
+    for i in range(3):
+        await store.add_event(new_event(f"ev-{i}", received_at=T0))
+        await enriched(store, f"ev-{i}")
+    policy = lane()
+    assert await claim(store, policy=policy, limit=1, now=T0) == ["ev-0"]
+    retry = Outcome(state="pending", error="429", next_attempt_at=T0 + 40)
+    result = LaneResult(policy, "neutral", started=T0, pause=40.0)
+    await store.settle("ev-0", "alpha", retry, now=T0 + 1, lane=result)
+    got = await store.claim_deliveries(policy, owner="w", limit=5, lease_seconds=LEASE, now=T0 + 2)
+    assert got.deliveries == () and got.retry_at == T0 + 41
+    assert await claim(store, "beta", now=T0 + 2) == ["ev-0", "ev-1", "ev-2"]  # others go on
+    assert await claim(store, policy=policy, now=T0 + 41) == ["ev-1", "ev-2", "ev-0"]
+
+
+async def test_a_circuit_opens_after_failures_and_a_probe_closes_it(store: Store) -> None:
+    for i in range(8):
+        await store.add_event(new_event(f"ev-{i}", received_at=T0))
+        await enriched(store, f"ev-{i}")
+    policy = lane(circuit_failures=3, circuit_pause=10.0, circuit_max=100.0)
+    taken = await claim(store, policy=policy, limit=4, now=T0)
+    assert len(taken) == 4
+
+    def failed(started: float) -> LaneResult:
+        return LaneResult(policy, "failure", started=started)
+
+    retry = Outcome(state="pending", error="timeout", next_attempt_at=T0 + 1)
+    for n, event_id in enumerate(taken[:3]):
+        await store.settle(event_id, "alpha", retry, now=T0 + 5 + n, lane=failed(T0))
+    # Open at T0 + 7 for 10 s; the fourth failure began before that: not counted again.
+    await store.settle(taken[3], "alpha", retry, now=T0 + 8, lane=failed(T0))
+    assert await claim(store, policy=policy, now=T0 + 16) == []
+    # Half-open: one probe; the lane stays shut while it runs.
+    [probe] = await claim(store, policy=policy, now=T0 + 17.5)
+    assert await claim(store, policy=policy, now=T0 + 18) == []
+    # The probe fails: paused twice as long.
+    await store.settle(probe, "alpha", retry, now=T0 + 20, lane=failed(T0 + 17.5))
+    assert await claim(store, policy=policy, now=T0 + 39) == []
+    [probe] = await claim(store, policy=policy, now=T0 + 40.5)
+    success = LaneResult(policy, "success", started=T0 + 40.5)
+    await store.settle(probe, "alpha", Outcome(state="done"), now=T0 + 41, lane=success)
+    assert len(await claim(store, policy=policy, now=T0 + 41)) == 7
+
+
+async def test_lane_stats(store: Store) -> None:
+    for i in range(4):
+        await store.add_event(new_event(f"ev-{i}", received_at=T0 + i))
+    await enriched(store, "ev-0", "ev-1", "ev-2")
+    assert await claim(store, limit=1, now=T0 + 10) == ["ev-0"]
+    later = Outcome(state="pending", error="x", next_attempt_at=T0 + 100)
+    await store.settle("ev-2", "beta", later, now=T0 + 10)
+    await store.settle("ev-1", "beta", Outcome(state="done"), now=T0 + 10)
+
+    stats = await store.lane_stats(now=T0 + 10)
+    # alpha: ev-0 in flight; ev-1, ev-2 due (ev-3 has no snapshot yet).
+    assert stats["alpha"] == LaneStats(backlog=2, oldest_due=T0 + 1, in_flight=1)
+    # beta: ev-0 due; ev-2 not due yet; ev-1 done.
+    assert stats["beta"] == LaneStats(backlog=1, oldest_due=T0, in_flight=0)
+    assert "gamma" not in stats
 
 
 # -- settling -----------------------------------------------------------------------------------
@@ -276,7 +578,8 @@ async def test_settle_done_everywhere_makes_event_done(store: Store) -> None:
         T0 + 1,
     )
     assert (beta.state, beta.attempts, beta.updated_at) == ("done", 1, T0 + 2)
-    assert await store.claim(owner="w1", limit=10, lease_seconds=LEASE, now=T0 + 999) == []
+    assert await claim(store, now=T0 + 999) == []
+    assert await claim(store, "beta", now=T0 + 999) == []
 
 
 async def test_settle_dead_makes_event_dead_once_nothing_is_pending(store: Store) -> None:
@@ -306,6 +609,7 @@ async def test_skipped_counts_as_finished_and_not_as_an_attempt(store: Store) ->
 
 async def test_retries_count_attempts_and_push_the_next_attempt(store: Store) -> None:
     await store.add_event(new_event("ev-1", sinks=("alpha",)))
+    await enriched(store, "ev-1")
     for attempt in range(1, 4):
         due = T0 + attempt * 10
         outcome = Outcome(state="pending", error=f"try {attempt}", next_attempt_at=due)
@@ -320,23 +624,14 @@ async def test_retries_count_attempts_and_push_the_next_attempt(store: Store) ->
             f"try {attempt}",
         )
         # Not due yet, then due.
-        assert await store.claim(owner="w", limit=5, lease_seconds=1, now=due - 1) == []
-        [claim] = await store.claim(owner="w", limit=5, lease_seconds=1, now=due)
-        await store.release([claim.event.id], owner="w")
+        assert await claim(store, owner="w", now=due - 1) == []
+        assert await claim(store, owner="w", lease=1, now=due) == ["ev-1"]
 
     await store.settle("ev-1", "alpha", Outcome(state="done"), now=T0 + 100)
     record = await store.get("ev-1")
     assert record is not None
     [d] = record.deliveries
     assert (d.state, d.attempts, d.last_error, d.next_attempt_at) == ("done", 4, None, None)
-
-
-async def test_settle_does_not_touch_the_lease(store: Store) -> None:
-    await store.add_event(new_event("ev-1"))
-    await store.claim(owner="w1", limit=10, lease_seconds=LEASE, now=T0)
-    retry = Outcome(state="pending", error="x", next_attempt_at=T0 + 1)
-    await store.settle("ev-1", "alpha", retry, now=T0 + 1)
-    assert await store.claim(owner="w2", limit=10, lease_seconds=LEASE, now=T0 + 2) == []
 
 
 async def test_settle_unknown_delivery_raises_unknown_event(store: Store) -> None:
@@ -370,8 +665,10 @@ async def test_redeliver_resets_every_delivery_but_skipped(store: Store) -> None
             None,
             T0 + 50,
         )
-    [claim] = await store.claim(owner="w1", limit=10, lease_seconds=LEASE, now=T0 + 50)
-    assert [d.sink for d in claim.due] == ["alpha", "beta"]
+    await enriched(store, "ev-1")
+    assert await claim(store, "alpha", now=T0 + 50) == ["ev-1"]
+    assert await claim(store, "beta", now=T0 + 50) == ["ev-1"]
+    assert await claim(store, "gamma", now=T0 + 50) == []
 
 
 async def test_redeliver_unknown_event(store: Store) -> None:

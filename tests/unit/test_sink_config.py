@@ -39,7 +39,9 @@ def test_every_type_with_its_minimal_keys_and_defaults():
     assert sinks["n"].options["create_stream"] is False
     assert sinks["n"].options["duplicate_window_seconds"] == 3600.0
     assert sinks["s"].options["format"] == "slack"
-    assert sinks["s"].options["rate_limit_per_second"] == 1.0
+    # Each lane's pace: the slack family at Slack's 1 message/s, the others unlimited.
+    assert sinks["s"].rate_limit_per_second == 1.0
+    assert {s.rate_limit_per_second for n, s in sinks.items() if n != "s"} == {0.0}
     assert sinks["h"].options["secret"] == "s3cret"
     assert sinks["e"].options["command"] == ("/usr/local/bin/on-event",)
     assert all(s.max_attempts is None and s.concurrency is None for s in sinks.values())
@@ -117,6 +119,10 @@ def test_every_type_with_its_minimal_keys_and_defaults():
         (
             {"type": "slack", "url": "https://h", "rate_limit_per_second": "fast"},
             "sinks.bad.rate_limit_per_second: must be a number",
+        ),
+        (
+            {"type": "http", "url": "https://h", "secret": "s", "rate_limit_per_second": -1},
+            "sinks.bad.rate_limit_per_second: must be 0 (no limit) or more",
         ),
         ({"type": "http", "url": "https://h"}, "sinks.bad.secret: missing"),
         ({"type": "http", "url": "https://h", "secret": ""}, "sinks.bad.secret: must not be empty"),

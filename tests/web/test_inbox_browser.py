@@ -183,6 +183,7 @@ def test_a_payload_with_a_script_shows_as_text(page, stack):
     # The job as fetched from the upstream carries the same name.
     wait_until(lambda: stack.consumer_got(payload["id"]) == 1, "the consumer to get it")
     page.reload()
+    expect(page.locator("#snapshot")).to_contain_text(f'"item_name": "{XSS}"')
     assert page.locator("script:not([src])").count() == 0
     page.goto("/ui/events")
     page.goto("/ui/")

@@ -1,0 +1,399 @@
+"""Delivery lanes: every sink sends at its own pace, and a slow one holds back nothing else.
+
+Each configured sink is a :class:`Lane` with its own ``concurrency`` (sends in flight in this
+process) and its own ``rate_limit_per_second``. A lane asks the store only for what it may send
+now (:meth:`~receiver.store.base.Store.claim_deliveries`: its free slots, the tokens of its
+bucket, not while paused), in due-time order, so a delivery waiting for its lane holds nothing:
+no slot, no lease, no connection. The bucket, the pause and the circuit breaker live in the store,
+so they hold across every replica sharing it.
+
+A send's result tells its lane (see :func:`lane_result`): a 429/503 with ``Retry-After`` pauses
+the whole lane until then; consecutive failures open its circuit (the lane pauses, then sends one
+probe). Deliveries reuse the event's stored snapshot while it is younger than
+``worker.job_max_age_seconds`` and fetch it again otherwise (:class:`Snapshots`); a download whose
+signed URL was refused fetches those assets again and tries once more at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import math
+import time
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass
+
+import structlog
+
+from receiver import faults
+from receiver.enrich import Enricher
+from receiver.errors import (
+    DeliveryError,
+    NotReady,
+    PermanentError,
+    StoreError,
+    TransientError,
+    UnknownEvent,
+    UrlRefused,
+)
+from receiver.events import Enriched
+from receiver.logs import get_logger
+from receiver.metrics import Metrics
+from receiver.retry import RetryPolicy
+from receiver.sinks.base import Sink
+from receiver.store.base import (
+    DeliveryKey,
+    EventRecord,
+    EventState,
+    LanePolicy,
+    LaneResult,
+    LaneResultKind,
+    Leased,
+    Leases,
+    Outcome,
+    Snapshot,
+    Store,
+)
+
+log = get_logger("receiver.lanes")
+
+#: Never sleep less than this between claims (a retry time just passed is not a busy loop).
+MIN_WAIT_SECONDS = 0.005
+#: A bucket holds this many seconds of its rate (at least one token): a small burst.
+BURST_SECONDS = 0.1
+
+
+def burst_for(rate: float) -> float:
+    """The bucket size for ``rate``: one token, or a tenth of a second's worth if more."""
+    return max(1.0, rate * BURST_SECONDS)
+
+
+def lane_result(error: BaseException | None) -> tuple[LaneResultKind, float | None]:
+    """What one attempt tells its lane, and for how long to pause the whole lane.
+
+    A 429 or 503 carrying ``Retry-After`` pauses the lane (the destination asked every sender
+    to slow down) and is not counted as a failure. A file not ready yet or a refusal of one
+    event (permanent) says nothing about the destination's health; any other error counts
+    toward the circuit breaker.
+    """
+    if error is None:
+        return "success", None
+    if isinstance(error, DeliveryError):
+        if error.status in (429, 503) and error.retry_after is not None:
+            return "neutral", error.retry_after
+        if isinstance(error, (NotReady, PermanentError)):
+            return "neutral", None
+    return "failure", None
+
+
+@dataclass
+class Finish:
+    """Called when a settle left an event no longer pending (its metrics are counted once)."""
+
+    metrics: Metrics
+    clock: Callable[[], float]
+
+    def __call__(self, record: EventRecord, state: EventState) -> None:
+        if state == "pending":
+            return
+        self.metrics.events.labels(record.event, "processed" if state == "done" else "dead").inc()
+        if state == "done":
+            self.metrics.event_lag.observe(max(0.0, self.clock() - record.received_at))
+            log.info("event processed", event_id=record.id, event_name=record.event)
+
+
+class Snapshots:
+    """The event snapshots deliveries use: the stored one while fresh, else fetched again once
+    per event in this process however many lanes ask at the same moment, and stored."""
+
+    def __init__(
+        self, *, store: Store, enricher: Enricher, max_age: float, clock: Callable[[], float]
+    ) -> None:
+        self._store = store
+        self._enricher = enricher
+        self._max_age = max_age
+        self._clock = clock
+        self._pending: dict[str, asyncio.Future[Snapshot]] = {}
+        self._latest: dict[str, Snapshot] = {}
+
+    def fresh(self, snapshot: Snapshot) -> bool:
+        return self._clock() - snapshot.fetched_at <= self._max_age
+
+    async def current(self, record: EventRecord) -> Snapshot:
+        """A snapshot young enough to use for ``record``."""
+        snapshot = self._newest(record)
+        if snapshot is not None and self.fresh(snapshot):
+            return snapshot
+        return await self._refetch(record, snapshot, None)
+
+    async def refused(
+        self, record: EventRecord, used: Snapshot, asset_ids: Collection[str]
+    ) -> Snapshot:
+        """A snapshot with fresh URLs for the refused assets (unless one was fetched since)."""
+        newest = self._newest(record)
+        if newest is not None and newest.fetched_at > used.fetched_at:
+            return newest
+        return await self._refetch(record, used, asset_ids)
+
+    def _newest(self, record: EventRecord) -> Snapshot | None:
+        stored, latest = record.snapshot, self._latest.get(record.id)
+        if latest is not None and (stored is None or latest.fetched_at > stored.fetched_at):
+            return latest
+        return stored
+
+    async def _refetch(
+        self, record: EventRecord, old: Snapshot | None, asset_ids: Collection[str] | None
+    ) -> Snapshot:
+        pending = self._pending.get(record.id)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[Snapshot] = asyncio.get_running_loop().create_future()
+        self._pending[record.id] = future
+        try:
+            if old is None or asset_ids is None:
+                snapshot = await self._enricher.fetch(record)
+            else:
+                snapshot = await self._enricher.refresh(record, old, asset_ids)
+            await self._store.save_snapshot(record.id, snapshot, now=self._clock())
+            self._latest[record.id] = snapshot
+            future.set_result(snapshot)
+            return snapshot
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: waiters see it, nobody else needs to
+            raise
+        finally:
+            del self._pending[record.id]
+            if len(self._latest) > 10_000:  # only a cache for this process
+                self._latest.clear()
+
+
+@dataclass(frozen=True)
+class LaneContext:
+    """What every lane of one worker shares."""
+
+    store: Store
+    snapshots: Snapshots
+    enricher: Enricher
+    metrics: Metrics
+    finish: Finish
+    owner: str
+    lease_seconds: float
+    poll_seconds: float
+    clock: Callable[[], float] = time.time
+
+
+class Lane:
+    """One sink's lane in this process: claims what the lane may send, sends, settles."""
+
+    def __init__(
+        self,
+        *,
+        sink: Sink,
+        policy: LanePolicy,
+        concurrency: int,
+        retry: RetryPolicy,
+        context: LaneContext,
+    ) -> None:
+        self.sink = sink
+        self.name = sink.name
+        self.policy = policy
+        self.concurrency = concurrency
+        self._retry = retry
+        self._store = context.store
+        self._snapshots = context.snapshots
+        self._enricher = context.enricher
+        self._metrics = metrics = context.metrics
+        self._finish = context.finish
+        self._owner = context.owner
+        self._lease = context.lease_seconds
+        self._poll = context.poll_seconds
+        self._clock = context.clock
+        self._wake = asyncio.Event()
+        self.in_flight: dict[DeliveryKey, asyncio.Task[None]] = {}
+        self._in_flight_gauge = metrics.sink_in_flight.labels(sink.name)
+        self._in_flight_gauge.set(0)
+
+    def wake(self) -> None:
+        """Ask the store again now (new work, a free slot)."""
+        self._wake.set()
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Claim and send until ``stopping`` is set; never raises for a store outage."""
+        failures = 0
+        while not stopping.is_set():
+            self._wake.clear()
+            try:
+                claimed, retry_at = await self.claim()
+                failures = 0
+            except StoreError as exc:
+                failures += 1
+                delay = min(30.0, self._poll * 2**failures)
+                log.warning("lane claim failed; retrying", sink=self.name, error=exc.message)
+                await self._sleep(delay, stopping)
+                continue
+            if claimed and len(self.in_flight) < self.concurrency and retry_at is None:
+                continue  # there may be more due right now
+            wait = self._poll
+            if retry_at is not None:
+                wait = min(wait, max(MIN_WAIT_SECONDS, retry_at - self._clock()))
+            await self._sleep(wait, stopping)
+
+    async def _sleep(self, seconds: float, stopping: asyncio.Event) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                waiters = {asyncio.ensure_future(self._wake.wait())}
+                waiters.add(asyncio.ensure_future(stopping.wait()))
+                try:
+                    await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for waiter in waiters:
+                        waiter.cancel()
+
+    async def claim(self) -> tuple[int, float | None]:
+        """Claim what the lane may send now and start sending it; (count, when to ask again)."""
+        free = self.concurrency - len(self.in_flight)
+        if free <= 0:
+            return 0, None
+        now = self._clock()
+        claim = await self._store.claim_deliveries(
+            self.policy, owner=self._owner, limit=free, lease_seconds=self._lease, now=now
+        )
+        for leased in claim.deliveries:
+            key = DeliveryKey(leased.delivery.event_id, leased.delivery.sink)
+            task = asyncio.create_task(self._deliver(leased, now), name=f"deliver-{key.sink}")
+            self.in_flight[key] = task
+            task.add_done_callback(functools.partial(self._done, key))
+        self._in_flight_gauge.set(len(self.in_flight))
+        return len(claim.deliveries), claim.retry_at
+
+    def _done(self, key: DeliveryKey, task: asyncio.Task[None]) -> None:
+        self.in_flight.pop(key, None)
+        self._in_flight_gauge.set(len(self.in_flight))
+        self._wake.set()
+        if not task.cancelled() and task.exception() is not None:
+            # Nothing is lost (the lease runs out and it is claimed again), but say so.
+            log.error(
+                "delivery crashed", sink=self.name, event_id=key.event_id, exc_info=task.exception()
+            )
+
+    async def _deliver(self, leased: Leased, started: float) -> None:
+        record, delivery = leased.event, leased.delivery
+        attempt = delivery.attempts + 1
+        with _bound(event_id=record.id, job_id=record.job_id):
+            try:
+                error = await self._attempt(record)
+            except asyncio.CancelledError:
+                # Shutting down mid-send: hand the delivery back at once.
+                with contextlib.suppress(StoreError):
+                    await asyncio.shield(self._release(delivery.event_id))
+                raise
+            kind, pause = lane_result(error)
+            lane = LaneResult(self.policy, kind, started, pause)
+            if error is None:
+                faults.reached("after_sink_success")
+                log.info("delivered", sink=self.name, attempt=attempt)
+                await self._settle(record, Outcome("done"), "success", lane)
+                return
+            if pause is not None:
+                log.warning("lane paused by the destination", sink=self.name, seconds=pause)
+            decision = self._retry.decide(error, attempt)
+            if decision.dead:
+                await self._settle(record, Outcome("dead", error=decision.reason), "dead", lane)
+                log.error("delivery dead", sink=self.name, attempts=attempt, error=decision.reason)
+                return
+            retry_at = self._clock() + decision.delay
+            outcome = Outcome("pending", error=decision.reason, next_attempt_at=retry_at)
+            await self._settle(record, outcome, "retry", lane)
+            log.warning(
+                "delivery failed; will retry",
+                sink=self.name,
+                attempt=attempt,
+                retry_in=round(decision.delay, 2),
+                error=decision.reason,
+            )
+
+    async def _attempt(self, record: EventRecord) -> BaseException | None:
+        """One attempt (with one more send at once after refused URLs were fetched again);
+        the error it ended with, or None."""
+        try:
+            snapshot = await self._snapshots.current(record)
+        except Exception as exc:
+            return _delivery_error(exc, "unexpected error while fetching the job")
+        error = await self._send(self._enricher.build(record, snapshot))
+        if isinstance(error, UrlRefused):
+            try:
+                snapshot = await self._snapshots.refused(record, snapshot, error.asset_ids)
+            except Exception as exc:
+                return _delivery_error(exc, "unexpected error while fetching the job")
+            error = await self._send(self._enricher.build(record, snapshot))
+        return error
+
+    async def _send(self, enriched: Enriched) -> BaseException | None:
+        timeout = self.sink.settings.timeout_seconds
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(timeout):
+                await self.sink.send(enriched)
+        except TimeoutError:
+            return TransientError(f"timed out after {timeout:g} s")
+        except Exception as exc:
+            return _delivery_error(exc, "unexpected sink error")
+        finally:
+            self._metrics.sink_delivery_seconds.labels(self.name).observe(
+                time.monotonic() - started
+            )
+        return None
+
+    async def _settle(
+        self, record: EventRecord, outcome: Outcome, metric: str, lane: LaneResult
+    ) -> None:
+        self._metrics.sink_deliveries.labels(self.name, metric).inc()
+        try:
+            state = await self._store.settle(
+                record.id, self.name, outcome, now=self._clock(), lane=lane
+            )
+        except (StoreError, UnknownEvent) as exc:
+            # The lease runs out and the delivery is attempted again: at-least-once.
+            log.error("could not record a delivery result", sink=self.name, error=str(exc))
+            return
+        self._finish(record, state)
+
+    async def _release(self, event_id: str) -> None:
+        key = DeliveryKey(event_id, self.name)
+        await self._store.release(Leases(deliveries=(key,)), owner=self._owner)
+
+
+def _delivery_error(exc: BaseException, what: str) -> BaseException:
+    """``exc`` as a DeliveryError: anything unexpected is logged (it is a bug) and retried."""
+    if isinstance(exc, DeliveryError):
+        return exc
+    log.error(what, exc_info=exc)
+    return TransientError(f"unexpected error: {type(exc).__name__}: {exc}")
+
+
+@contextlib.contextmanager
+def _bound(**values: str) -> Iterator[None]:
+    structlog.contextvars.bind_contextvars(**values)
+    try:
+        yield
+    finally:
+        structlog.contextvars.unbind_contextvars(*values)
+
+
+def policy_for(
+    sink: Sink, *, circuit_failures: int, circuit_pause: float, circuit_max: float
+) -> LanePolicy:
+    """The lane policy of a configured sink."""
+    rate = sink.settings.rate_limit_per_second
+    if not math.isfinite(rate) or rate < 0:
+        rate = 0.0
+    return LanePolicy(
+        sink=sink.name,
+        rate=rate,
+        burst=burst_for(rate),
+        circuit_failures=circuit_failures,
+        circuit_pause=circuit_pause,
+        circuit_max=max(circuit_max, circuit_pause),
+    )
