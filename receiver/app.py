@@ -218,6 +218,7 @@ class Runtime:
             if self.runs_workers
             else None,
             on_redeliver=self.wake_worker,
+            settings=self.settings,
             clock=self.clock,
         )
 

@@ -211,13 +211,16 @@ class Lane:
         self._poll = context.poll_seconds
         self._clock = context.clock
         self._wake = asyncio.Event()
+        self._held_until: float | None = None
         self.in_flight: dict[DeliveryKey, asyncio.Task[None]] = {}
         self._in_flight_gauge = metrics.sink_in_flight.labels(sink.name)
         self._in_flight_gauge.set(0)
 
     def wake(self) -> None:
-        """Ask the store again now (new work, a free slot)."""
-        self._wake.set()
+        """Ask the store again now: there is new work (unless the lane's own pause or tokens
+        allow nothing before a known time: then at that time)."""
+        if self._held_until is None or self._held_until <= self._clock():
+            self._wake.set()
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Claim and send until ``stopping`` is set; never raises for a store outage."""
@@ -260,6 +263,7 @@ class Lane:
         claim = await self._store.claim_deliveries(
             self.policy, owner=self._owner, limit=free, lease_seconds=self._lease, now=now
         )
+        self._held_until = claim.held_until
         for leased in claim.deliveries:
             key = DeliveryKey(leased.delivery.event_id, leased.delivery.sink)
             task = asyncio.create_task(self._deliver(leased, now), name=f"deliver-{key.sink}")
@@ -271,6 +275,7 @@ class Lane:
     def _done(self, key: DeliveryKey, task: asyncio.Task[None]) -> None:
         self.in_flight.pop(key, None)
         self._in_flight_gauge.set(len(self.in_flight))
+        self._held_until = None  # a probe's result may have resumed the lane
         self._wake.set()
         if not task.cancelled() and task.exception() is not None:
             # Nothing is lost (the lease runs out and it is claimed again), but say so.

@@ -9,10 +9,11 @@ from typing import Any
 
 from aiohttp import web
 
+from receiver.config import Settings
 from receiver.errors import StoreError, UnknownEvent
 from receiver.intake import error_response
 from receiver.metrics import CONTENT_TYPE, Metrics
-from receiver.store.base import EVENT_STATES, Store
+from receiver.store.base import EVENT_STATES, LaneStats, Store
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -28,8 +29,10 @@ class Ops:
         admin_token: str,
         workers_running: Callable[[], bool] | None,
         on_redeliver: Callable[[], None] | None = None,
+        settings: Settings | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        self._settings = settings or Settings()
         self._store = store
         self._metrics = metrics
         self._token = admin_token
@@ -43,6 +46,7 @@ class Ops:
             web.get("/readyz", self.readyz),
             web.get("/metrics", self.metrics),
             web.get("/admin/events", self._admin(self.list_events)),
+            web.get("/admin/lanes", self._admin(self.lanes)),
             web.post("/admin/events/redeliver-dead", self._admin(self.redeliver_dead)),
             web.get("/admin/events/{id}", self._admin(self.show_event)),
             web.post("/admin/events/{id}/redeliver", self._admin(self.redeliver)),
@@ -95,6 +99,27 @@ class Ops:
             return error_response(400, "invalid_request", "limit must be 1..1000, offset >= 0")
         events = await self._store.list(state=state, limit=limit, offset=offset)
         data: list[dict[str, Any]] = [e.as_json(with_body=False) for e in events]
+        return web.json_response({"data": data})
+
+    async def lanes(self, _request: web.Request) -> web.Response:
+        """Each configured sink's lane: its limits and, across the store, its backlog."""
+        now = self._clock()
+        stats = await self._store.lane_stats(now=now)
+        data = []
+        for sink in self._settings.sinks:
+            lane = stats.get(sink.name, LaneStats())
+            due = lane.oldest_due
+            data.append(
+                {
+                    "sink": sink.name,
+                    "type": sink.type,
+                    "concurrency": self._settings.sink_concurrency(sink),
+                    "rate_limit_per_second": sink.rate_limit_per_second,
+                    "backlog": lane.backlog,
+                    "oldest_due_seconds": 0.0 if due is None else max(0.0, now - due),
+                    "in_flight": lane.in_flight,
+                }
+            )
         return web.json_response({"data": data})
 
     async def show_event(self, request: web.Request) -> web.Response:

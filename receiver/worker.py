@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import math
 import os
 import socket
 import time
@@ -36,11 +37,12 @@ from receiver.logs import get_logger
 from receiver.metrics import Metrics
 from receiver.retry import RetryPolicy
 from receiver.sinks.base import Sink
-from receiver.store.base import DeliveryKey, EventRecord, Leases, Outcome, Store
+from receiver.store.base import DeliveryKey, EventRecord, LanePolicy, Leases, Outcome, Store
 
 log = get_logger("receiver.worker")
 
-MIN_WAIT_SECONDS = 0.005
+#: How often deliveries to sinks no longer configured are looked for.
+RETIRE_INTERVAL_SECONDS = 300.0
 
 
 class Worker:
@@ -155,30 +157,17 @@ class Worker:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._heartbeat_task
 
-    async def run_until_idle(self, timeout: float = 30.0) -> None:
-        """Process everything that may run now and wait for it (for tests and one-shot tools).
-
-        A paced lane out of tokens, or a paused one, is left for later.
-        """
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            claimed = await self._claim_enrichment()
-            for lane in self.lanes.values():
-                claimed += (await lane.claim())[0]
-            active = self._in_flight()
-            if not claimed and not active:
-                return
-            if active:
-                await asyncio.wait(active)
-        raise TimeoutError("worker did not become idle in time")
-
     # -- enrichment -----------------------------------------------------------------------------
 
     async def _run(self) -> None:
         failures = 0
+        retired_at = -math.inf
         while not self._stopping.is_set():
             self._wake.clear()
             try:
+                if time.monotonic() - retired_at >= RETIRE_INTERVAL_SECONDS:
+                    await self._retire_unknown_sinks()
+                    retired_at = time.monotonic()
                 claimed = await self._claim_enrichment()
                 failures = 0
             except StoreError as exc:
@@ -190,6 +179,27 @@ class Worker:
             if claimed and len(self._enriching) < self._concurrency:
                 continue
             await self._sleep(self._poll)
+
+    async def _retire_unknown_sinks(self) -> None:
+        """Deliveries to a sink no longer configured are dead (redeliverable once it is back):
+        no lane would ever take them, and their events would stay pending forever."""
+        now = self._clock()
+        for sink in await self._store.lane_stats(now=now):
+            if sink in self._sinks:
+                continue
+            lane = LanePolicy(sink)
+            gone = Outcome("dead", error=f"sink {sink} is no longer configured")
+            while claim := (
+                await self._store.claim_deliveries(
+                    lane, owner=self.owner, limit=100, lease_seconds=self._lease, now=now
+                )
+            ).deliveries:
+                for held in claim:
+                    with contextlib.suppress(UnknownEvent):  # pruned meanwhile
+                        state = await self._store.settle(held.event.id, sink, gone, now=now)
+                        self._metrics.sink_deliveries.labels(sink, "dead").inc()
+                        self._finish(held.event, state)
+                log.warning("deliveries to a sink no longer configured are dead", sink=sink)
 
     async def _sleep(self, seconds: float) -> None:
         """Wait for ``seconds``, a wake-up, or a free slot, whichever comes first."""

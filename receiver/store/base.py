@@ -280,10 +280,13 @@ class Leased:
 @dataclass(frozen=True)
 class LaneClaim:
     """What :meth:`Store.claim_deliveries` handed out, and when asking again may find more
-    (a pause's end, the next token, the next due delivery; None: nothing known)."""
+    (a pause's end, the next token, the next due delivery; None: nothing known).
+    ``held_until``: before then the lane itself (its pause or tokens) allows nothing more,
+    whatever work arrives."""
 
     deliveries: tuple[Leased, ...]
     retry_at: float | None
+    held_until: float | None = None
 
 
 @dataclass(frozen=True)

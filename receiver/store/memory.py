@@ -240,12 +240,13 @@ class MemoryStore:
             d.lease_owner, d.lease_expires_at = owner, now + lease_seconds
             record = ev.record()
             taken.append(leased(record, d.sink))
-        new_state, retry_at = rules.after_claim(policy, granted, len(taken), now, lease_seconds)
+        new_state, held = rules.after_claim(policy, granted, len(taken), now, lease_seconds)
         self._lanes[policy.sink] = new_state
+        retry_at = held
         if len(taken) < granted.count:
             later = [d.next_attempt_at for _ev, d in waiting if d.next_attempt_at is not None]
-            retry_at = rules.earliest(retry_at, min((t for t in later if t > now), default=None))
-        return LaneClaim(tuple(taken), retry_at)
+            retry_at = rules.earliest(held, min((t for t in later if t > now), default=None))
+        return LaneClaim(tuple(taken), retry_at, held)
 
     def _waiting(self, sink: str, now: float) -> list[tuple[_Event, _Delivery]]:
         """Pending, unleased deliveries of ``sink`` whose event has its snapshot."""

@@ -783,16 +783,17 @@ class PostgresStore:
                 rows = await conn.fetch(
                     CLAIM_DELIVERIES, policy.sink, now, granted.count, owner, now + lease_seconds
                 )
-            new_state, retry_at = rules.after_claim(policy, granted, len(rows), now, lease_seconds)
+            new_state, held = rules.after_claim(policy, granted, len(rows), now, lease_seconds)
             if new_state != state:
                 await conn.execute(UPDATE_LANE, policy.sink, *lane_row(new_state))
+            retry_at = held
             if len(rows) < granted.count:
-                retry_at = rules.earliest(retry_at, await conn.fetchval(NEXT_DUE, policy.sink, now))
+                retry_at = rules.earliest(held, await conn.fetchval(NEXT_DUE, policy.sink, now))
             if not rows:
-                return LaneClaim((), retry_at)
+                return LaneClaim((), retry_at, held)
             order = {r["event_id"]: (r["next_attempt_at"], r["event_id"]) for r in rows}
             records = sorted(await _records(conn, list(order)), key=lambda e: order[e.id])
-            return LaneClaim(tuple(leased(e, policy.sink) for e in records), retry_at)
+            return LaneClaim(tuple(leased(e, policy.sink) for e in records), retry_at, held)
 
         return await self._run(run, transaction=True)
 
@@ -1081,10 +1082,7 @@ async def _lock_event(conn: Any, event_id: str) -> None:
 
 async def _recompute(conn: Any, event_ids: list[str]) -> dict[str, EventState]:
     """Set each event's state from its deliveries (:func:`rules.event_state`); the new states."""
-    by_event: dict[str, list[str]] = {event_id: [] for event_id in event_ids}
-    for row in await conn.fetch(SELECT_DELIVERY_STATES, event_ids):
-        by_event[row["event_id"]].append(row["state"])
-    states = {event_id: rules.event_state(found) for event_id, found in by_event.items()}
+    states = rules.event_states(event_ids, await conn.fetch(SELECT_DELIVERY_STATES, event_ids))
     await conn.execute(SET_EVENT_STATES, list(states), list(states.values()))
     return states
 

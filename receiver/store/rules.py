@@ -15,7 +15,7 @@ Claims order candidates by ``(next_attempt_at, event_id)`` for deliveries and
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -31,9 +31,10 @@ from receiver.store.base import (
 # Tokens are compared with this much slack, so float rounding (unix times carry ~1e-7 s of it)
 # never costs a whole interval.
 _EPSILON = 1e-6
-#: A bucket refills this fraction of its rate: the claims keep a margin, so a send that goes out
-#: a few milliseconds late never puts more than the rate into any window at the destination.
-PACE = 0.99
+#: A bucket refills this fraction of its rate: claims keep a margin (0.3 s in 10 s), so sends
+#: delayed unevenly by the network or a busy machine never put more than the rate into any window
+#: at the destination.
+PACE = 0.97
 
 
 def is_due(at: float | None, now: float) -> bool:
@@ -88,6 +89,16 @@ def event_state(delivery_states: Iterable[str]) -> EventState:
     return "done"
 
 
+def event_states(
+    event_ids: Iterable[str], delivery_rows: Iterable[Sequence[str]]
+) -> dict[str, EventState]:
+    """Each event's state from ``(event_id, delivery state)`` rows of its deliveries."""
+    found: dict[str, list[str]] = {event_id: [] for event_id in event_ids}
+    for event_id, state in delivery_rows:
+        found[event_id].append(state)
+    return {event_id: event_state(states) for event_id, states in found.items()}
+
+
 def new_event_values(has_sinks: bool, received_at: float) -> tuple[EventState, float | None]:
     """A new event's state and enrichment due time: an event for no sink is done at once."""
     return ("pending", received_at) if has_sinks else ("done", None)
@@ -117,6 +128,7 @@ class Grant:
 
     count: int
     state: LaneState
+    before: LaneState
     token_bound: bool = False
     paused_until: float | None = None
 
@@ -125,18 +137,18 @@ def grant(policy: LanePolicy, state: LaneState, now: float, wanted: int) -> Gran
     """What the lane allows of ``wanted`` claims: nothing while paused; one probe while its
     circuit is open (the pause over); else as many as it has whole tokens (all, unpaced)."""
     if wanted <= 0:
-        return Grant(0, state)
+        return Grant(0, state, state)
     if state.paused_until > now:
-        return Grant(0, state, paused_until=state.paused_until)
+        return Grant(0, state, state, paused_until=state.paused_until)
     if state.opened_at is not None:
         wanted = 1
     if policy.rate <= 0:
-        return Grant(wanted, state)
+        return Grant(wanted, state, state)
     elapsed = max(0.0, now - state.refilled_at)
     tokens = min(policy.burst, state.tokens + elapsed * policy.rate * PACE)
     count = min(wanted, int(tokens + _EPSILON))
     refilled = replace(state, tokens=tokens, refilled_at=max(now, state.refilled_at))
-    return Grant(count, refilled, token_bound=count < wanted)
+    return Grant(count, refilled, state, token_bound=count < wanted)
 
 
 def after_claim(
@@ -144,10 +156,11 @@ def after_claim(
 ) -> tuple[LaneState, float | None]:
     """The lane's state once ``taken`` deliveries were claimed, and when it may claim again if
     its tokens ran short (None: whenever there is work). A probe keeps the lane paused until
-    its result (or its lease) is in."""
-    state = granted.state
+    its result (or its lease) is in. A claim that took nothing leaves the state as it was (the
+    refill is a function of time: nothing to write)."""
     if granted.paused_until is not None:
-        return state, granted.paused_until
+        return granted.before, granted.paused_until
+    state = granted.state
     if policy.rate > 0 and taken:
         state = replace(state, tokens=state.tokens - taken)
     if taken and state.opened_at is not None:
@@ -156,7 +169,7 @@ def after_claim(
     retry_at = None
     if policy.rate > 0 and taken == granted.count and (granted.token_bound or state.tokens < 1):
         retry_at = now + max(0.0, 1.0 - state.tokens + _EPSILON) / (policy.rate * PACE)
-    return state, retry_at
+    return (state if taken else granted.before), retry_at
 
 
 def after_result(state: LaneState, result: LaneResult, now: float) -> LaneState | None:

@@ -909,17 +909,18 @@ class SqliteStore:
                     "limit": granted.count,
                 }
                 rows = list(await conn.execute_fetchall(CLAIM_DELIVERIES, params))
-            new_state, retry_at = rules.after_claim(policy, granted, len(rows), now, lease_seconds)
+            new_state, held = rules.after_claim(policy, granted, len(rows), now, lease_seconds)
             if new_state != state:
                 await conn.execute(UPSERT_LANE, (policy.sink, *lane_row(new_state)))
+            retry_at = held
             if len(rows) < granted.count:
                 ((nxt,),) = await conn.execute_fetchall(NEXT_DUE, (policy.sink, now))
-                retry_at = rules.earliest(retry_at, nxt)
+                retry_at = rules.earliest(held, nxt)
             if not rows:
-                return LaneClaim((), retry_at)
+                return LaneClaim((), retry_at, held)
             order = {row[0]: (row[1], row[0]) for row in rows}
             records = sorted(await _records(conn, list(order)), key=lambda e: order[e.id])
-            return LaneClaim(tuple(leased(e, policy.sink) for e in records), retry_at)
+            return LaneClaim(tuple(leased(e, policy.sink) for e in records), retry_at, held)
 
         return await self._write_tx(run)
 
@@ -1185,11 +1186,8 @@ async def _require_event(conn: aiosqlite.Connection, event_id: str) -> None:
 
 async def _recompute(conn: aiosqlite.Connection, event_ids: list[str]) -> dict[str, EventState]:
     """Set each event's state from its deliveries (:func:`rules.event_state`); the new states."""
-    by_event: dict[str, list[str]] = {event_id: [] for event_id in event_ids}
     rows = await conn.execute_fetchall(SELECT_DELIVERY_STATES, (json.dumps(event_ids),))
-    for event_id, state in rows:
-        by_event[event_id].append(state)
-    states = {event_id: rules.event_state(found) for event_id, found in by_event.items()}
+    states = rules.event_states(event_ids, rows)
     await conn.executemany(SET_EVENT_STATE, [(s, event_id, s) for event_id, s in states.items()])
     return states
 

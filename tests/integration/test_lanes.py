@@ -8,6 +8,7 @@ Peers are real aiohttp servers; the upstream is the simulator.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 from receiver.app import Runtime
@@ -17,6 +18,7 @@ from tests.integration.test_sink_pipeline import (
     captures,
     receiver,
     send,
+    settings_for,
     upstream,
 )
 from tests.peers import Capture
@@ -85,14 +87,16 @@ async def test_the_job_is_fetched_once_per_event_whatever_the_number_of_sinks(
     )
 
 
-async def test_a_hanging_and_a_paced_sink_delay_only_themselves(receiver, upstream, captures):
+async def test_a_hanging_and_a_paced_sink_delay_only_themselves(
+    receiver, upstream, captures, aiohttp_client
+):
     fast, hanging, chat = await captures(), await captures(), await captures()
     hanging.hold = asyncio.Event()  # never answers
     rate = 4.0
     runtime, client = await receiver(
         [
             http("fast", fast),
-            http("hanging", hanging, timeout_seconds=5),
+            http("hanging", hanging, timeout_seconds=10),
             slack("chat", chat, rate_limit_per_second=rate),
         ]
     )
@@ -115,6 +119,24 @@ async def test_a_hanging_and_a_paced_sink_delay_only_themselves(receiver, upstre
 
     async def chat_done() -> bool:
         return await done_count(runtime, "chat", ids) == len(ids)
+
+    ops = await aiohttp_client(runtime.ops_app())
+    lanes = {lane["sink"]: lane for lane in (await (await ops.get("/admin/lanes")).json())["data"]}
+    assert lanes["chat"]["rate_limit_per_second"] == rate
+    assert lanes["fast"] == {
+        "sink": "fast",
+        "type": "http",
+        "concurrency": 8,
+        "rate_limit_per_second": 0.0,
+        "backlog": 0,
+        "oldest_due_seconds": 0.0,
+        "in_flight": 0,
+    }
+    assert lanes["hanging"]["in_flight"] > 0
+    await runtime.refresh_gauges()
+    metric = runtime.metrics.registry.get_sample_value
+    assert metric("receiver_sink_backlog", {"sink": "fast"}) == 0
+    assert metric("receiver_sink_in_flight", {"sink": "hanging"}) > 0
 
     await wait_for(chat_done, 30, what="the paced sink done")
     # One token of burst, then `rate` a second (the send times carry a little jitter).
@@ -175,3 +197,76 @@ async def test_an_expired_file_url_fetches_that_asset_again_not_the_job(
     assert upstream.requests[JOB_CALLS] == 1
     assert upstream.requests[ASSET_CALLS] > len(payload["asset_ids"])
     assert len(list((tmp_path / "dl").rglob("*.png"))) == len(payload["asset_ids"])
+
+
+async def test_deliveries_to_a_sink_no_longer_configured_are_dead(
+    aiohttp_client, tmp_path, upstream, captures
+):
+    from receiver.store.base import NewEvent, Snapshot
+    from receiver.store.memory import MemoryStore
+
+    one = await captures()
+    store = MemoryStore()
+    fetched, unfetched = upstream.add_job("image"), upstream.add_job("image")
+    for payload in (fetched, unfetched):
+        await store.add_event(
+            NewEvent(
+                id=payload["id"],
+                event="job.completed",
+                job_id=payload["job_id"],
+                body=json.dumps(payload).encode(),
+                headers={},
+                received_at=time.time(),
+                sinks=("gone", "one"),
+            )
+        )
+    # One event already has its job: only the sweep of unknown sinks can settle "gone".
+    job = {"id": fetched["job_id"], "status": "completed"}
+    await store.save_snapshot(fetched["id"], Snapshot(job, (), time.time()), now=time.time())
+    settings = settings_for(tmp_path, upstream, [http("one", one)])
+    async with Runtime(settings, store=store):
+
+        async def both_settled() -> bool:
+            records = [await store.get(p["id"]) for p in (fetched, unfetched)]
+            return all(r is not None and r.state == "dead" for r in records)
+
+        await wait_for(both_settled, 20, what="both events settled")
+        for payload in (fetched, unfetched):
+            record = await store.get(payload["id"])
+            assert record is not None
+            gone, kept = record.deliveries
+            assert (gone.sink, gone.state, gone.last_error) == (
+                "gone",
+                "dead",
+                "sink gone is no longer configured",
+            )
+            assert (kept.sink, kept.state) == ("one", "done")
+
+
+async def test_a_snapshot_older_than_job_max_age_is_fetched_again(receiver, upstream, captures):
+    one, two = await captures(), await captures()
+    runtime, client = await receiver(
+        [http("one", one), http("two", two, concurrency=1)], job_max_age_seconds=1.0
+    )
+    two.hold = asyncio.Event()  # the second sink's first delivery waits
+    first, second = upstream.add_job("image"), upstream.add_job("image")
+    await send(client, first)
+    await send(client, second)
+
+    async def one_done() -> bool:
+        return len(one.requests) == 2
+
+    await wait_for(one_done, 20, what="the first sink")
+    assert upstream.requests[JOB_CALLS] == 2  # one fetch per event, shared
+    await asyncio.sleep(1.2)  # both snapshots are now too old
+    two.hold.set()
+
+    async def two_done() -> bool:
+        return await done_count(runtime, "two", [first["id"], second["id"]]) == 2
+
+    await wait_for(two_done, 20, what="the second sink")
+    # The delivery that ran later fetched the job again (and stored what it fetched).
+    assert upstream.requests[JOB_CALLS] >= 3
+    record = await runtime.store.get(second["id"])
+    assert record is not None and record.snapshot is not None
+    assert record.snapshot.fetched_at > record.received_at + 1.0

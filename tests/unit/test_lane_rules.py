@@ -61,8 +61,14 @@ def test_token_bucket_refills_at_the_rate_up_to_the_burst() -> None:
     # A hair slower than the rate: the next token after 0.5 s / PACE.
     assert state.tokens == pytest.approx(0) and retry_at == pytest.approx(T0 + 0.5 / rules.PACE)
     assert rules.grant(policy, state, T0 + 0.5, 10).count == 0
-    assert rules.grant(policy, state, T0 + 0.506, 10).count == 1
-    assert rules.grant(policy, state, T0 + 1.02, 10).count == 2
+    # Nothing taken: nothing to write, and the wait is counted from the refilled bucket.
+    empty = rules.grant(policy, state, T0 + 0.25, 10)
+    assert rules.after_claim(policy, empty, 0, T0 + 0.25, 60) == (
+        state,
+        pytest.approx(T0 + 0.5 / rules.PACE),
+    )
+    assert rules.grant(policy, state, T0 + 0.52, 10).count == 1
+    assert rules.grant(policy, state, T0 + 1.04, 10).count == 2
     assert rules.grant(policy, state, T0 + 100, 10).count == 3  # never more than the burst
     # Fewer due than granted: only what was taken is spent, and no token wait is suggested.
     granted = rules.grant(policy, state, T0 + 100, 10)
