@@ -50,6 +50,17 @@ from receiver.store.base import (
     leased,
 )
 from receiver.store.batching import GroupCommit
+from receiver.store.browse import (
+    Cursor,
+    DeadGroup,
+    DeadGroupList,
+    EventList,
+    EventQuery,
+    InboxOverview,
+    browse_sql,
+    delivery_records,
+    lane_counts,
+)
 from receiver.store.writer_turns import WriterTurns
 
 T = TypeVar("T")
@@ -135,8 +146,21 @@ SCHEMA_V2: tuple[str, ...] = (
     "PRAGMA user_version = 2",
 )
 
+# Version 3, the inbox page (receiver.store.browse): filter by event name or job id, the latest
+# failures, dead letters by sink and error. The partial indexes hold only the rows they serve;
+# the last column, state, lets SQLite answer from the index alone (it does not infer the column
+# from the index's WHERE).
+SCHEMA_V3_BROWSE: tuple[str, ...] = (
+    "CREATE INDEX events_event_received ON events (event, received_at)",
+    "CREATE INDEX events_job ON events (job_id)",
+    "CREATE INDEX deliveries_failing ON deliveries (updated_at) WHERE last_error IS NOT NULL",
+    "CREATE INDEX deliveries_dead_groups ON deliveries (sink, last_error, updated_at, state)"
+    " WHERE state = 'dead'",
+    "PRAGMA user_version = 3",
+)
+
 # Migration N (1-based) brings the schema from version N-1 to N; each sets its own user_version.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (SCHEMA_V1, SCHEMA_V2)
+MIGRATIONS: tuple[tuple[str, ...], ...] = (SCHEMA_V1, SCHEMA_V2, SCHEMA_V3_BROWSE)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 PRAGMA_FOREIGN_KEYS = "PRAGMA foreign_keys = ON"
@@ -1026,6 +1050,74 @@ class SqliteStore:
     def on_new_events(self, callback: Callable[[], None]) -> None:
         """Nothing to do: SQLite cannot tell this process about other processes' writes."""
 
+    # -- reading for people (receiver.store.browse) ---------------------------------------------
+
+    async def browse(
+        self,
+        query: EventQuery,
+        *,
+        before: Cursor | None = None,
+        after: Cursor | None = None,
+        limit: int = 50,
+    ) -> EventList:
+        sql, params = browse_sql(query, before=before, after=after, limit=limit)
+
+        async def run(conn: aiosqlite.Connection) -> EventList:
+            rows = list(await conn.execute_fetchall(sql, params))
+            if after is not None:
+                rows.reverse()
+            return await _with_deliveries(conn, rows)
+
+        return await self._read_tx(run)
+
+    async def overview(
+        self, *, now: float, failing_since: float, errors: int = 10
+    ) -> InboxOverview:
+        async def run(conn: aiosqlite.Connection) -> InboxOverview:
+            lanes = lane_counts(
+                await conn.execute_fetchall(LANES_PENDING, (now, now)),
+                await conn.execute_fetchall(LANES_FAILING, (failing_since,)),
+            )
+            recent = delivery_records(await conn.execute_fetchall(RECENT_ERRORS, (errors,)))
+            return InboxOverview(lanes, recent)
+
+        return await self._read_tx(run)
+
+    async def dead_letters(self, *, groups: int = 100, samples: int = 5) -> DeadGroupList:
+        async def run(conn: aiosqlite.Connection) -> DeadGroupList:
+            out = []
+            for sink, error, count, first, last in await conn.execute_fetchall(
+                DEAD_GROUPS, (groups,)
+            ):
+                rows = await conn.execute_fetchall(DEAD_SAMPLES, (sink, error, samples))
+                out.append(DeadGroup(sink, error, count, first, last, tuple(r[0] for r in rows)))
+            return out
+
+        return await self._read_tx(run)
+
+    async def redeliver_sink(self, event_id: str, sink: str, *, now: float) -> int:
+        async def run(conn: aiosqlite.Connection) -> int:
+            if not await conn.execute_fetchall(DELIVERY_STATE, (event_id, sink)):
+                raise UnknownEvent(f"no delivery {sink!r} for event {event_id!r}")
+            count = int((await conn.execute(REDELIVER_SINK, (now, now, event_id, sink))).rowcount)
+            if count:
+                await conn.execute(REENRICH, (now, json.dumps([event_id])))
+            await _recompute(conn, [event_id])
+            return count
+
+        return await self._write_tx(run)
+
+    async def redeliver_dead_group(self, sink: str, error: str | None, *, now: float) -> int:
+        async def run(conn: aiosqlite.Connection) -> int:
+            rows = list(await conn.execute_fetchall(REDELIVER_DEAD_GROUP, (now, now, sink, error)))
+            if rows:
+                ids = list({row[0] for row in rows})
+                await conn.execute(REENRICH, (now, json.dumps(ids)))
+                await _recompute(conn, ids)
+            return len(rows)
+
+        return await self._write_tx(run)
+
 
 async def _close_quietly(conn: aiosqlite.Connection) -> None:
     with contextlib.suppress(sqlite3.Error, ValueError):
@@ -1088,3 +1180,51 @@ async def _recompute(conn: aiosqlite.Connection, event_ids: list[str]) -> dict[s
 async def _lane(conn: aiosqlite.Connection, policy: LanePolicy, now: float) -> LaneState:
     rows = await conn.execute_fetchall(SELECT_LANE, (policy.sink,))
     return LaneState(*next(iter(rows))) if rows else rules.fresh_lane(policy, now)
+
+
+# -- the inbox page's statements (receiver.store.browse) ----------------------------------------
+
+# Only pending rows are read (the partial index deliveries_due).
+LANES_PENDING = """
+SELECT sink, count(*), min(next_attempt_at), sum(next_attempt_at <= ?), sum(lease_expires_at > ?)
+FROM deliveries WHERE state = 'pending' GROUP BY sink
+"""
+
+# Served by the partial index deliveries_failing.
+LANES_FAILING = """
+SELECT sink, count(*) FROM deliveries
+WHERE last_error IS NOT NULL AND updated_at >= ? GROUP BY sink
+"""
+
+RECENT_ERRORS = (
+    "SELECT " + DELIVERY_COLUMNS + " FROM deliveries"
+    " WHERE last_error IS NOT NULL ORDER BY updated_at DESC LIMIT ?"
+)
+
+# These three are served by the partial index deliveries_dead_groups (it holds the event id too).
+DEAD_GROUPS = """
+SELECT sink, last_error, count(*), min(updated_at), max(updated_at)
+FROM deliveries WHERE state = 'dead'
+GROUP BY sink, last_error ORDER BY count(*) DESC, sink, last_error LIMIT ?
+"""
+
+DEAD_SAMPLES = """
+SELECT event_id FROM deliveries
+WHERE state = 'dead' AND sink = ? AND last_error IS ?
+ORDER BY updated_at DESC LIMIT ?
+"""
+
+DELIVERY_STATE = "SELECT state FROM deliveries WHERE event_id = ? AND sink = ?"
+
+REDELIVER_SINK = """
+UPDATE deliveries
+SET state = 'pending', attempts = 0, next_attempt_at = ?, last_error = NULL, updated_at = ?
+WHERE event_id = ? AND sink = ? AND state != 'skipped'
+"""
+
+REDELIVER_DEAD_GROUP = """
+UPDATE deliveries
+SET state = 'pending', attempts = 0, next_attempt_at = ?, last_error = NULL, updated_at = ?
+WHERE state = 'dead' AND sink = ? AND last_error IS ?
+RETURNING event_id
+"""

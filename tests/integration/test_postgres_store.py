@@ -118,7 +118,8 @@ async def test_without_auto_migrate_a_fresh_schema_is_refused(schema: str) -> No
         await store.open()
 
     report = await store.migrate()
-    assert (report.before, report.after, report.applied) == (0, SCHEMA_VERSION, (1, 2))
+    assert (report.before, report.after) == (0, SCHEMA_VERSION)
+    assert report.applied == tuple(range(1, SCHEMA_VERSION + 1))
     await store.open()  # up to date now: auto_migrate is not needed
     try:
         assert await store.add_event(new_event("ev-1")) is True
@@ -442,7 +443,7 @@ async def test_a_role_given_a_ready_made_schema_can_migrate_and_work(schema: str
         store = PostgresStore(store_settings(schema, url=url))
         try:
             report = await store.migrate()
-            assert report.applied == (1, 2)
+            assert report.applied == tuple(range(1, SCHEMA_VERSION + 1))
             await store.open()
             assert await store.add_event(new_event("ev-1")) is True
         finally:
@@ -528,7 +529,9 @@ async def test_a_version_1_inbox_keeps_its_events_and_enriches_the_pending_ones(
     store = PostgresStore(store_settings(schema))
     await store.open()
     try:
-        assert await fetchval(schema, "SELECT max(version) FROM receiver_schema_migrations") == 2
+        assert await fetchval(schema, "SELECT max(version) FROM receiver_schema_migrations") == (
+            SCHEMA_VERSION
+        )
         records = await store.claim_enrichment(owner="w", limit=5, lease_seconds=60, now=T0 + 1)
         assert [r.id for r in records] == ["ev-1"]
         [beta] = records[0].deliveries

@@ -17,7 +17,7 @@ import pytest
 
 from receiver.config import StoreSettings
 from receiver.errors import StoreUnavailable, UnknownEvent
-from receiver.store import NewEvent, Outcome, Store, rules
+from receiver.store import Outcome, Store, rules
 from receiver.store.base import (
     DeliveryKey,
     DeliveryState,
@@ -30,35 +30,11 @@ from receiver.store.base import (
 from receiver.store.memory import MemoryStore
 from receiver.store.sqlite import SqliteStore
 from tests.support.postgres import fresh_schema, require_postgres, store_settings
+from tests.support.store_cases import T0, new_event, states
 
-T0 = 1_700_000_000.0
 LEASE = 60.0
 
 StoreFactory = Callable[[], Awaitable[Store]]
-
-
-def new_event(
-    event_id: str,
-    *,
-    sinks: tuple[str, ...] = ("alpha", "beta"),
-    received_at: float = T0,
-    event: str = "job.completed",
-    body: bytes | None = None,
-) -> NewEvent:
-    payload = body if body is not None else b'{"id": "%s", "object": "event"}' % event_id.encode()
-    return NewEvent(
-        id=event_id,
-        event=event,
-        job_id=f"job-{event_id}",
-        body=payload,
-        headers={"Service-Event-Id": event_id, "Content-Type": "application/json"},
-        received_at=received_at,
-        sinks=sinks,
-    )
-
-
-def states(record: Any) -> dict[str, str]:
-    return {d.sink: d.state for d in record.deliveries}
 
 
 # -- backends -----------------------------------------------------------------------------------
