@@ -17,7 +17,15 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from receiver import __version__
-from receiver.config import Settings, StoreSettings, config_path, load_settings, masked
+from receiver.config import (
+    Settings,
+    StoreSettings,
+    changed_from_defaults,
+    config_path,
+    load_settings,
+    masked,
+    masked_url,
+)
 from receiver.errors import ConfigError, ReceiverError, UnknownEvent
 from receiver.logs import configure_logging
 from receiver.replay import event_fields
@@ -341,31 +349,25 @@ def describe(settings: Settings) -> str:
         events = ", ".join(sink.events) or "all events"
         job_types = f"; job types {', '.join(sink.job_types)}" if sink.job_types else ""
         lines.append(f"    - {sink.name} ({sink.type}): {events}{job_types}")
+    changed = changed_from_defaults(s)
+    lines.append(f"  not defaults     {len(changed)}")
+    lines.extend(f"    {line}" for line in changed)
     return "\n".join(lines)
 
 
 def _store_summary(store: StoreSettings) -> str:
     if store.url.startswith(("postgresql://", "postgres://")):
         # Query parameters may carry a password (?password=...): not shown at all.
-        url = _mask_url(store.url.split("?", 1)[0])
+        url = masked_url(store.url.split("?", 1)[0])
         return (
             f"{url} (schema {store.schema or '<search_path>'}, pool {store.pool_size}, "
             f"auto_migrate {str(store.auto_migrate).lower()}, "
             f"retention {store.retention_hours:g} h)"
         )
     return (
-        f"{_mask_url(store.url)} (synchronous={store.synchronous}, "
+        f"{masked_url(store.url)} (synchronous={store.synchronous}, "
         f"retention {store.retention_hours:g} h)"
     )
-
-
-def _mask_url(url: str) -> str:
-    scheme, sep, rest = url.partition("://")
-    if "@" in rest:
-        creds, _, host = rest.rpartition("@")
-        user = creds.split(":", 1)[0]
-        return f"{scheme}{sep}{user}:****@{host}"
-    return url
 
 
 def _read_payload(path: str | Path) -> bytes:

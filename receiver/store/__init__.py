@@ -11,6 +11,7 @@ import importlib
 
 from receiver.config import StoreSettings
 from receiver.errors import ConfigError
+from receiver.extras import install_hint
 from receiver.store.base import Claim, DeliveryRecord, EventRecord, NewEvent, Outcome, Store
 
 __all__ = [
@@ -23,9 +24,7 @@ __all__ = [
     "open_store",
 ]
 
-POSTGRES_MISSING = (
-    "store.url: the postgres store needs an optional library; run: pip install 'receiver[postgres]'"
-)
+POSTGRES_MISSING = "store.url: the postgres store needs an optional library; "
 
 
 def open_store(settings: StoreSettings) -> Store:
@@ -46,7 +45,7 @@ def open_store(settings: StoreSettings) -> Store:
             # Only a missing optional piece is the user's to fix; any other import error is a bug.
             missing = (exc.name or "").split(".")[0]
             if exc.name == "receiver.store.postgres" or missing == "asyncpg":
-                raise ConfigError(POSTGRES_MISSING) from None
+                raise ConfigError(POSTGRES_MISSING + install_hint("postgres")) from None
             raise
         store: Store = module.PostgresStore(settings)
         return store
