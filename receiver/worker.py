@@ -30,6 +30,7 @@ from receiver.metrics import Metrics
 from receiver.retry import RetryPolicy
 from receiver.sinks.base import Enriched, Sink
 from receiver.store.base import Claim, DeliveryRecord, Outcome, Store
+from receiver.supervisor import Supervisor
 
 log = get_logger("receiver.worker")
 
@@ -75,7 +76,7 @@ class Worker:
         self._stopping = asyncio.Event()
         self._active: dict[str, asyncio.Task[None]] = {}
         self._loop_task: asyncio.Task[None] | None = None
-        self._heartbeat_task: asyncio.Task[None] | None = None
+        self._supervisor: Supervisor | None = None
 
     @property
     def running(self) -> bool:
@@ -85,9 +86,11 @@ class Worker:
         """Look for work now instead of at the next poll."""
         self._wake.set()
 
-    def start(self) -> None:
+    def start(self, supervisor: Supervisor | None = None) -> None:
+        """Start claiming; lease extension runs under ``supervisor`` (restarted if it fails)."""
         self._loop_task = asyncio.create_task(self._run(), name="worker-loop")
-        self._heartbeat_task = asyncio.create_task(self._heartbeat(), name="worker-leases")
+        self._supervisor = supervisor or Supervisor()
+        self._supervisor.start("leases", self._heartbeat)
         self._store.on_new_events(self.wake)
 
     async def stop(self, timeout: float) -> None:
@@ -103,10 +106,8 @@ class Worker:
                 task.cancel()
             if still:
                 await asyncio.wait(still)
-        if self._heartbeat_task:
-            self._heartbeat_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._heartbeat_task
+        if self._supervisor is not None:
+            await self._supervisor.cancel("leases")
 
     async def run_until_idle(self, timeout: float = 30.0) -> None:
         """Process everything due now and wait for it (for tests and one-shot tools)."""
