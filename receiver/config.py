@@ -42,7 +42,7 @@ _PORT = between(0, 65535)
 
 @dataclass(frozen=True)
 class ServerSettings:
-    """``[server]``: the public listener."""
+    """The public listener."""
 
     host: str = key("0.0.0.0", "address of the public listener")  # noqa: S104 - meant to be reachable
     port: int = key(8080, "port of the public listener", check=_PORT)
@@ -63,7 +63,7 @@ class ServerSettings:
 
 @dataclass(frozen=True)
 class WebhookSettings:
-    """``[webhook]``: verifying the upstream's signatures."""
+    """Verifying the upstream's signatures."""
 
     secrets: tuple[str, ...] = key(
         (),
@@ -87,7 +87,7 @@ class WebhookSettings:
 
 @dataclass(frozen=True)
 class ApiSettings:
-    """``[api]``: the upstream service."""
+    """The upstream service's API."""
 
     base_url: str = key(
         "http://127.0.0.1:8090/v1",
@@ -109,11 +109,11 @@ _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 @dataclass(frozen=True)
 class StoreSettings:
-    """``[store]``: the inbox."""
+    """The inbox: where events wait, deduplicated, until every sink has them."""
 
     url: str = key(
         "sqlite:///data/receiver.db",
-        "sqlite:///relative.db, sqlite:////absolute.db or postgresql://user@host/db",
+        "sqlite:///relative.db, sqlite:////absolute.db or postgresql://...",
         check=rule(
             lambda v: v.startswith(_STORE_SCHEMES),
             "must start with sqlite://, postgresql:// or memory://",
@@ -155,7 +155,7 @@ class StoreSettings:
 
 @dataclass(frozen=True)
 class WorkerSettings:
-    """``[worker]``: processing the inbox."""
+    """Processing the inbox: fetching jobs and delivering to sinks."""
 
     concurrency: int = key(8, "events processed at once", check=at_least(1))
     max_attempts: int = key(12, "attempts per delivery, then dead", check=at_least(1))
@@ -176,7 +176,7 @@ class WorkerSettings:
 
 @dataclass(frozen=True)
 class AdminSettings:
-    """``[admin]``: the ops listener."""
+    """The ops listener: /metrics, /healthz, /readyz, /admin/..."""
 
     host: str = key("127.0.0.1", "address of the ops listener; keep it private")
     port: int = key(9091, "port of the ops listener", check=_PORT)
@@ -185,7 +185,7 @@ class AdminSettings:
 
 @dataclass(frozen=True)
 class LogSettings:
-    """``[log]``."""
+    """Logging to stderr."""
 
     level: str = key(
         "info", "debug, info, warning or error", check=one_of("debug", "info", "warning", "error")
