@@ -20,7 +20,16 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+if TYPE_CHECKING:
+    from receiver.store.browse import (
+        Cursor,
+        DeadGroupList,
+        EventList,
+        EventQuery,
+        InboxOverview,
+    )
 
 DeliveryState = Literal["pending", "done", "dead", "skipped"]
 EventState = Literal["pending", "done", "dead"]
@@ -217,3 +226,33 @@ class Store(Protocol):
 
     def on_new_events(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` when another process adds events (backends that can tell)."""
+
+    # -- reading for people (the inbox page; see receiver.store.browse) --------------------------
+
+    async def browse(
+        self,
+        query: EventQuery,
+        *,
+        before: Cursor | None = None,
+        after: Cursor | None = None,
+        limit: int = 50,
+    ) -> EventList:
+        """Up to ``limit`` events matching ``query``, newest first, with their deliveries.
+
+        ``before`` gives the events just older than the cursor, ``after`` those just newer.
+        """
+
+    async def overview(
+        self, *, now: float, failing_since: float, errors: int = 10
+    ) -> InboxOverview:
+        """Per-sink backlog, due, in-flight and failing counts, and the latest failures."""
+
+    async def dead_letters(self, *, groups: int = 100, samples: int = 5) -> DeadGroupList:
+        """Dead deliveries grouped by sink and last error, the largest groups first."""
+
+    async def redeliver_sink(self, event_id: str, sink: str, *, now: float) -> int:
+        """Make one (non-skipped) delivery pending and due now; raises UnknownEvent for an
+        unknown event or a sink the event has no delivery for. Returns 1, or 0 if skipped."""
+
+    async def redeliver_dead_group(self, sink: str, error: str | None, *, now: float) -> int:
+        """Make the dead deliveries of ``sink`` whose last error is ``error`` pending and due."""

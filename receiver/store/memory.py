@@ -18,6 +18,16 @@ from receiver.store.base import (
     NewEvent,
     Outcome,
 )
+from receiver.store.browse import (
+    Cursor,
+    DeadGroup,
+    DeadGroupList,
+    EventList,
+    EventQuery,
+    InboxOverview,
+    lane_counts,
+    matches,
+)
 
 
 @dataclass
@@ -50,19 +60,21 @@ class _Event:
         dead = any(d.state == "dead" for d in self.deliveries.values())
         self.state = "dead" if dead else "done"
 
+    def delivery_record(self, d: _Delivery) -> DeliveryRecord:
+        return DeliveryRecord(
+            event_id=self.new.id,
+            sink=d.sink,
+            state=d.state,
+            attempts=d.attempts,
+            next_attempt_at=d.next_attempt_at,
+            last_error=d.last_error,
+            updated_at=d.updated_at,
+        )
+
     def record(self) -> EventRecord:
         e = self.new
         deliveries = tuple(
-            DeliveryRecord(
-                event_id=e.id,
-                sink=d.sink,
-                state=d.state,
-                attempts=d.attempts,
-                next_attempt_at=d.next_attempt_at,
-                last_error=d.last_error,
-                updated_at=d.updated_at,
-            )
-            for d in sorted(self.deliveries.values(), key=lambda d: d.sink)
+            self.delivery_record(d) for d in sorted(self.deliveries.values(), key=lambda d: d.sink)
         )
         return EventRecord(
             id=e.id,
@@ -260,3 +272,112 @@ class MemoryStore:
 
     def on_new_events(self, callback: Callable[[], None]) -> None:
         """Nothing to do: every writer shares this process."""
+
+    # -- reading for people (receiver.store.browse) ---------------------------------------------
+
+    async def browse(
+        self,
+        query: EventQuery,
+        *,
+        before: Cursor | None = None,
+        after: Cursor | None = None,
+        limit: int = 50,
+    ) -> EventList:
+        self._check()
+        found = [
+            ev
+            for ev in self._events.values()
+            if matches(
+                query,
+                event_id=ev.new.id,
+                event=ev.new.event,
+                job_id=ev.new.job_id,
+                state=ev.state,
+                received_at=ev.new.received_at,
+                deliveries={d.sink: d.state for d in ev.deliveries.values()},
+            )
+        ]
+        found.sort(key=lambda ev: (ev.new.received_at, ev.new.id), reverse=True)
+        if after is not None:
+            newer = [ev for ev in found if (ev.new.received_at, ev.new.id) > _key(after)]
+            page = newer[-max(limit, 0) :] if limit > 0 else []
+        else:
+            if before is not None:
+                found = [ev for ev in found if (ev.new.received_at, ev.new.id) < _key(before)]
+            page = found[: max(limit, 0)]
+        return [ev.record() for ev in page]
+
+    async def overview(
+        self, *, now: float, failing_since: float, errors: int = 10
+    ) -> InboxOverview:
+        self._check()
+        pending: dict[str, list[float]] = {}
+        in_flight: dict[str, int] = {}
+        failing: dict[str, int] = {}
+        failed: list[DeliveryRecord] = []
+        for ev in self._events.values():
+            leased = ev.lease_expires_at is not None and ev.lease_expires_at > now
+            for d in ev.deliveries.values():
+                if d.state == "pending":
+                    due_at = d.next_attempt_at if d.next_attempt_at is not None else now
+                    pending.setdefault(d.sink, []).append(due_at)
+                    if leased and due_at <= now:
+                        in_flight[d.sink] = in_flight.get(d.sink, 0) + 1
+                if d.last_error is not None:
+                    failed.append(ev.delivery_record(d))
+                    if d.updated_at >= failing_since:
+                        failing[d.sink] = failing.get(d.sink, 0) + 1
+        failed.sort(key=lambda d: d.updated_at, reverse=True)
+        rows = [
+            (sink, len(times), min(times), sum(t <= now for t in times))
+            for sink, times in pending.items()
+        ]
+        return InboxOverview(
+            lanes=lane_counts(rows, in_flight.items(), failing.items()),
+            recent_errors=tuple(failed[: max(errors, 0)]),
+        )
+
+    async def dead_letters(self, *, groups: int = 100, samples: int = 5) -> DeadGroupList:
+        self._check()
+        found: dict[tuple[str, str | None], list[tuple[float, str]]] = {}
+        for ev in self._events.values():
+            for d in ev.deliveries.values():
+                if d.state == "dead":
+                    found.setdefault((d.sink, d.last_error), []).append((d.updated_at, ev.new.id))
+        out = [
+            DeadGroup(
+                sink=sink,
+                error=error,
+                count=len(rows),
+                first_at=min(rows)[0],
+                last_at=max(rows)[0],
+                event_ids=tuple(i for _, i in sorted(rows, reverse=True)[: max(samples, 0)]),
+            )
+            for (sink, error), rows in found.items()
+        ]
+        out.sort(key=lambda g: (-g.count, g.sink, g.error or ""))
+        return out[: max(groups, 0)]
+
+    async def redeliver_sink(self, event_id: str, sink: str, *, now: float) -> int:
+        self._check()
+        ev = self._events.get(event_id)
+        delivery = ev.deliveries.get(sink) if ev is not None else None
+        if ev is None or delivery is None:
+            raise UnknownEvent(f"no delivery {sink!r} for event {event_id!r}")
+        count = self._reset(ev, [delivery], now)
+        ev.recompute()
+        return count
+
+    async def redeliver_dead_group(self, sink: str, error: str | None, *, now: float) -> int:
+        self._check()
+        count = 0
+        for ev in self._events.values():
+            d = ev.deliveries.get(sink)
+            if d is not None and d.state == "dead" and d.last_error == error:
+                count += self._reset(ev, [d], now)
+                ev.recompute()
+        return count
+
+
+def _key(cursor: Cursor) -> tuple[float, str]:
+    return (cursor.received_at, cursor.id)

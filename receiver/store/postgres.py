@@ -46,6 +46,18 @@ from receiver.store.base import (
     Outcome,
     event_records,
 )
+from receiver.store.browse import (
+    Cursor,
+    DeadGroup,
+    DeadGroupList,
+    EventList,
+    EventQuery,
+    InboxOverview,
+    browse_sql,
+    delivery_records,
+    lane_counts,
+    numbered,
+)
 
 T = TypeVar("T")
 
@@ -124,6 +136,18 @@ MIGRATIONS: tuple[Migration, ...] = (
             CREATE_INDEX_STATE_RECEIVED,
             CREATE_INDEX_RECEIVED,
             CREATE_INDEX_DEAD,
+        ),
+    ),
+    Migration(
+        2,
+        "indexes for the inbox page",
+        (
+            "CREATE INDEX events_event_received ON events (event, received_at)",
+            "CREATE INDEX events_job ON events (job_id)",
+            "CREATE INDEX deliveries_pending_sink ON deliveries (sink, next_attempt_at)"
+            " WHERE state = 'pending'",
+            "CREATE INDEX deliveries_failing ON deliveries (updated_at)"
+            " WHERE last_error IS NOT NULL",
         ),
     ),
 )
@@ -687,6 +711,75 @@ class PostgresStore:
 
         return await self._run(run)
 
+    # -- reading for people (receiver.store.browse) ---------------------------------------------
+
+    async def browse(
+        self,
+        query: EventQuery,
+        *,
+        before: Cursor | None = None,
+        after: Cursor | None = None,
+        limit: int = 50,
+    ) -> EventList:
+        sql, args = numbered(*browse_sql(query, before=before, after=after, limit=limit))
+
+        async def run(conn: Any) -> EventList:
+            rows = await conn.fetch(sql, *args)
+            if after is not None:
+                rows.reverse()
+            return await _with_deliveries(conn, rows)
+
+        return await self._run(run, snapshot=True)
+
+    async def overview(
+        self, *, now: float, failing_since: float, errors: int = 10
+    ) -> InboxOverview:
+        async def run(conn: Any) -> InboxOverview:
+            lanes = lane_counts(
+                await conn.fetch(LANES_PENDING, now),
+                await conn.fetch(LANES_IN_FLIGHT, now),
+                await conn.fetch(LANES_FAILING, failing_since),
+            )
+            recent = delivery_records(await conn.fetch(RECENT_ERRORS, errors))
+            return InboxOverview(lanes, recent)
+
+        return await self._run(run, snapshot=True)
+
+    async def dead_letters(self, *, groups: int = 100, samples: int = 5) -> DeadGroupList:
+        async def run(conn: Any) -> DeadGroupList:
+            out = []
+            for sink, error, count, first, last in await conn.fetch(DEAD_GROUPS, groups):
+                rows = await conn.fetch(DEAD_SAMPLES, sink, error, samples)
+                out.append(DeadGroup(sink, error, count, first, last, tuple(r[0] for r in rows)))
+            return out
+
+        return await self._run(run, snapshot=True)
+
+    async def redeliver_sink(self, event_id: str, sink: str, *, now: float) -> int:
+        async def run(conn: Any) -> int:
+            await conn.fetchval(LOCK_EVENT, event_id)
+            if await conn.fetchval(DELIVERY_STATE, event_id, sink) is None:
+                raise UnknownEvent(f"no delivery {sink!r} for event {event_id!r}")
+            count = _count(await conn.execute(REDELIVER_SINK, now, event_id, sink))
+            await conn.execute(RECOMPUTE_EVENTS, [event_id])
+            if count:
+                await conn.execute(NOTIFY, CHANNEL, self._schema)
+            return count
+
+        return await self._run(run, transaction=True)
+
+    async def redeliver_dead_group(self, sink: str, error: str | None, *, now: float) -> int:
+        async def run(conn: Any) -> int:
+            ids = [row["id"] for row in await conn.fetch(LOCK_DEAD_GROUP_EVENTS, sink, error)]
+            if not ids:
+                return 0
+            count = _count(await conn.execute(REDELIVER_DEAD_GROUP, now, ids, sink, error))
+            await conn.execute(RECOMPUTE_EVENTS, ids)
+            await conn.execute(NOTIFY, CHANNEL, self._schema)
+            return count
+
+        return await self._run(run, transaction=True)
+
     # -- LISTEN/NOTIFY --------------------------------------------------------------------------
 
     def on_new_events(self, callback: Callable[[], None]) -> None:
@@ -751,3 +844,65 @@ async def _with_deliveries(conn: Any, rows: Sequence[Any]) -> list[EventRecord]:
         return []
     deliveries = await conn.fetch(SELECT_DELIVERIES, [row["id"] for row in rows])
     return event_records(rows, deliveries)
+
+
+# -- the inbox page's statements (receiver.store.browse) ----------------------------------------
+
+# Served by the partial index deliveries_pending_sink: only pending rows are read.
+LANES_PENDING = """
+SELECT sink, count(*), min(next_attempt_at), count(*) FILTER (WHERE next_attempt_at <= $1)
+FROM deliveries WHERE state = 'pending' GROUP BY sink
+"""
+
+LANES_IN_FLIGHT = """
+SELECT d.sink, count(*) FROM deliveries d JOIN events e ON e.id = d.event_id
+WHERE d.state = 'pending' AND d.next_attempt_at <= $1 AND e.lease_expires_at > $1
+GROUP BY d.sink
+"""
+
+# Served by the partial index deliveries_failing.
+LANES_FAILING = """
+SELECT sink, count(*) FROM deliveries
+WHERE last_error IS NOT NULL AND updated_at >= $1 GROUP BY sink
+"""
+
+RECENT_ERRORS = """
+SELECT event_id, sink, state, attempts, next_attempt_at, last_error, updated_at
+FROM deliveries WHERE last_error IS NOT NULL ORDER BY updated_at DESC LIMIT $1
+"""
+
+DEAD_GROUPS = """
+SELECT sink, last_error, count(*), min(updated_at), max(updated_at)
+FROM deliveries WHERE state = 'dead'
+GROUP BY sink, last_error ORDER BY count(*) DESC, sink, last_error LIMIT $1
+"""
+
+DEAD_SAMPLES = """
+SELECT event_id FROM deliveries
+WHERE state = 'dead' AND sink = $1 AND last_error IS NOT DISTINCT FROM $2
+ORDER BY updated_at DESC LIMIT $3
+"""
+
+DELIVERY_STATE = "SELECT state FROM deliveries WHERE event_id = $1 AND sink = $2"
+
+REDELIVER_SINK = """
+UPDATE deliveries
+SET state = 'pending', attempts = 0, next_attempt_at = $1, last_error = NULL, updated_at = $1
+WHERE event_id = $2 AND sink = $3 AND state != 'skipped'
+"""
+
+# Event rows first, in id order (as every other writer locks them), then their deliveries.
+LOCK_DEAD_GROUP_EVENTS = """
+SELECT id FROM events
+WHERE id IN (SELECT event_id FROM deliveries
+             WHERE state = 'dead' AND sink = $1 AND last_error IS NOT DISTINCT FROM $2)
+ORDER BY id
+FOR NO KEY UPDATE
+"""
+
+REDELIVER_DEAD_GROUP = """
+UPDATE deliveries
+SET state = 'pending', attempts = 0, next_attempt_at = $1, last_error = NULL, updated_at = $1
+WHERE state = 'dead' AND event_id = ANY($2::text[]) AND sink = $3
+  AND last_error IS NOT DISTINCT FROM $4
+"""

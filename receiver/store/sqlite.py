@@ -41,6 +41,17 @@ from receiver.store.base import (
     Outcome,
     event_records,
 )
+from receiver.store.browse import (
+    Cursor,
+    DeadGroup,
+    DeadGroupList,
+    EventList,
+    EventQuery,
+    InboxOverview,
+    browse_sql,
+    delivery_records,
+    lane_counts,
+)
 
 T = TypeVar("T")
 
@@ -94,8 +105,19 @@ SCHEMA_V1: tuple[str, ...] = (
     "PRAGMA user_version = 1",
 )
 
+# The inbox page (receiver.store.browse): filter by event name or job id, the lanes' pending
+# deliveries by sink, the latest failures. The partial indexes hold only the rows they serve.
+SCHEMA_V2_BROWSE: tuple[str, ...] = (
+    "CREATE INDEX events_event_received ON events (event, received_at)",
+    "CREATE INDEX events_job ON events (job_id)",
+    "CREATE INDEX deliveries_pending_sink ON deliveries (sink, next_attempt_at)"
+    " WHERE state = 'pending'",
+    "CREATE INDEX deliveries_failing ON deliveries (updated_at) WHERE last_error IS NOT NULL",
+    "PRAGMA user_version = 2",
+)
+
 # Migration N (1-based) brings the schema from version N-1 to N; each sets its own user_version.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (SCHEMA_V1,)
+MIGRATIONS: tuple[tuple[str, ...], ...] = (SCHEMA_V1, SCHEMA_V2_BROWSE)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 PRAGMA_FOREIGN_KEYS = "PRAGMA foreign_keys = ON"
@@ -874,6 +896,75 @@ class SqliteStore:
     def on_new_events(self, callback: Callable[[], None]) -> None:
         """Nothing to do: SQLite cannot tell this process about other processes' writes."""
 
+    # -- reading for people (receiver.store.browse) ---------------------------------------------
+
+    async def browse(
+        self,
+        query: EventQuery,
+        *,
+        before: Cursor | None = None,
+        after: Cursor | None = None,
+        limit: int = 50,
+    ) -> EventList:
+        sql, params = browse_sql(query, before=before, after=after, limit=limit)
+
+        def run(conn: sqlite3.Connection) -> EventList:
+            rows = conn.execute(sql, params).fetchall()
+            if after is not None:
+                rows.reverse()
+            return _with_deliveries(conn, rows)
+
+        return await self._read_tx(run)
+
+    async def overview(
+        self, *, now: float, failing_since: float, errors: int = 10
+    ) -> InboxOverview:
+        def run(conn: sqlite3.Connection) -> InboxOverview:
+            lanes = lane_counts(
+                conn.execute(LANES_PENDING, (now,)),
+                conn.execute(LANES_IN_FLIGHT, (now, now)),
+                conn.execute(LANES_FAILING, (failing_since,)),
+            )
+            return InboxOverview(lanes, delivery_records(conn.execute(RECENT_ERRORS, (errors,))))
+
+        return await self._read_tx(run)
+
+    async def dead_letters(self, *, groups: int = 100, samples: int = 5) -> DeadGroupList:
+        def run(conn: sqlite3.Connection) -> DeadGroupList:
+            return [
+                DeadGroup(
+                    sink,
+                    error,
+                    count,
+                    first,
+                    last,
+                    tuple(r[0] for r in conn.execute(DEAD_SAMPLES, (sink, error, samples))),
+                )
+                for sink, error, count, first, last in conn.execute(DEAD_GROUPS, (groups,))
+            ]
+
+        return await self._read_tx(run)
+
+    async def redeliver_sink(self, event_id: str, sink: str, *, now: float) -> int:
+        def run(conn: sqlite3.Connection) -> int:
+            row = conn.execute(DELIVERY_STATE, (event_id, sink)).fetchone()
+            if row is None:
+                raise UnknownEvent(f"no delivery {sink!r} for event {event_id!r}")
+            count = conn.execute(REDELIVER_SINK, (now, now, event_id, sink)).rowcount
+            conn.execute(RECOMPUTE_EVENTS, (json.dumps([event_id]),))
+            return count
+
+        return await self._write_tx(run)
+
+    async def redeliver_dead_group(self, sink: str, error: str | None, *, now: float) -> int:
+        def run(conn: sqlite3.Connection) -> int:
+            rows = conn.execute(REDELIVER_DEAD_GROUP, (now, now, sink, error)).fetchall()
+            if rows:
+                conn.execute(RECOMPUTE_EVENTS, (json.dumps([row[0] for row in rows]),))
+            return len(rows)
+
+        return await self._write_tx(run)
+
 
 # Compact, and one encoder for every event: json.dumps() with options builds a new one per call.
 _HEADERS_JSON = json.JSONEncoder(separators=(",", ":"))
@@ -922,3 +1013,56 @@ def _with_deliveries(conn: sqlite3.Connection, rows: Sequence[Sequence[Any]]) ->
         return []
     ids = json.dumps([row[0] for row in rows])
     return event_records(rows, conn.execute(SELECT_DELIVERIES, (ids,)))
+
+
+# -- the inbox page's statements (receiver.store.browse) ----------------------------------------
+
+# Served by the partial index deliveries_pending_sink: only pending rows are read.
+LANES_PENDING = """
+SELECT sink, count(*), min(next_attempt_at), sum(next_attempt_at <= ?)
+FROM deliveries WHERE state = 'pending' GROUP BY sink
+"""
+
+LANES_IN_FLIGHT = """
+SELECT d.sink, count(*) FROM deliveries d JOIN events e ON e.id = d.event_id
+WHERE d.state = 'pending' AND d.next_attempt_at <= ? AND e.lease_expires_at > ?
+GROUP BY d.sink
+"""
+
+# Served by the partial index deliveries_failing.
+LANES_FAILING = """
+SELECT sink, count(*) FROM deliveries
+WHERE last_error IS NOT NULL AND updated_at >= ? GROUP BY sink
+"""
+
+RECENT_ERRORS = """
+SELECT event_id, sink, state, attempts, next_attempt_at, last_error, updated_at
+FROM deliveries WHERE last_error IS NOT NULL ORDER BY updated_at DESC LIMIT ?
+"""
+
+DEAD_GROUPS = """
+SELECT sink, last_error, count(*), min(updated_at), max(updated_at)
+FROM deliveries WHERE state = 'dead'
+GROUP BY sink, last_error ORDER BY count(*) DESC, sink, last_error LIMIT ?
+"""
+
+DEAD_SAMPLES = """
+SELECT event_id FROM deliveries
+WHERE state = 'dead' AND sink = ? AND last_error IS ?
+ORDER BY updated_at DESC LIMIT ?
+"""
+
+DELIVERY_STATE = "SELECT state FROM deliveries WHERE event_id = ? AND sink = ?"
+
+REDELIVER_SINK = """
+UPDATE deliveries
+SET state = 'pending', attempts = 0, next_attempt_at = ?, last_error = NULL, updated_at = ?
+WHERE event_id = ? AND sink = ? AND state != 'skipped'
+"""
+
+REDELIVER_DEAD_GROUP = """
+UPDATE deliveries
+SET state = 'pending', attempts = 0, next_attempt_at = ?, last_error = NULL, updated_at = ?
+WHERE state = 'dead' AND sink = ? AND last_error IS ?
+RETURNING event_id
+"""
