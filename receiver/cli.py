@@ -14,9 +14,10 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-from receiver import __version__
+from receiver import __version__, cli_events
+from receiver.cli_parser import Parser, quiet_closed_pipe
 from receiver.config import (
     Settings,
     StoreSettings,
@@ -26,7 +27,7 @@ from receiver.config import (
     masked,
     masked_url,
 )
-from receiver.errors import ConfigError, ReceiverError, UnknownEvent
+from receiver.errors import ConfigError, ReceiverError
 from receiver.logs import configure_logging
 from receiver.replay import event_fields
 from receiver.signature import webhook_headers
@@ -39,9 +40,7 @@ class CommandError(ReceiverError):
     """The command failed."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"receiver: {message} (see receiver --help)\n")
+_Parser = Parser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,20 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     replay.add_argument("paths", nargs="*", metavar="PATH")
 
-    events = commands.add_parser("events", help="inspect the inbox and redeliver events")
-    event_commands = events.add_subparsers(
-        dest="events_command", required=True, parser_class=_Parser
-    )
-    listing = with_config(event_commands.add_parser("list", help="list events, newest first"))
-    listing.add_argument("--status", choices=("pending", "done", "dead"))
-    listing.add_argument("--limit", type=int, default=50)
-    show = with_config(event_commands.add_parser("show", help="one event with its deliveries"))
-    show.add_argument("id")
-    redeliver = with_config(
-        event_commands.add_parser("redeliver", help="process an event (or every dead one) again")
-    )
-    redeliver.add_argument("id", nargs="?")
-    redeliver.add_argument("--dead", action="store_true", help="every dead delivery")
+    cli_events.add_parser(commands, with_config)
 
     with_config(
         commands.add_parser("migrate", help="create or upgrade the inbox schema, then exit")
@@ -437,43 +423,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_events(args: argparse.Namespace) -> int:
-    settings = _settings(args)
-    code: int = _run(_events(settings, args))
-    return code
-
-
-async def _events(settings: Settings, args: argparse.Namespace) -> int:
-    from receiver.store import open_store
-
-    store = open_store(settings.store)
-    await store.open()
-    try:
-        now = time.time()
-        if args.events_command == "list":
-            for event in await store.list(state=args.status, limit=args.limit):
-                counts: dict[str, int] = {}
-                for d in event.deliveries:
-                    counts[d.state] = counts.get(d.state, 0) + 1
-                summary = " ".join(f"{k}={v}" for k, v in sorted(counts.items())) or "no sinks"
-                received = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(event.received_at))
-                print(f"{event.id}  {event.event:<14} {event.state:<8} {received}  {summary}")
-        elif args.events_command == "show":
-            record = await store.get(args.id)
-            if record is None:
-                raise UnknownEvent(f"no event {args.id} in the inbox")
-            print(json.dumps(record.as_json(), indent=2))
-        elif args.dead:
-            if args.id:
-                raise CommandError("give an event id or --dead, not both")
-            print(f"{await store.redeliver_dead(now=now)} dead deliveries made pending again")
-        elif args.id:
-            count = await store.redeliver(args.id, now=now)
-            print(f"{count} deliveries of {args.id} made pending again")
-        else:
-            raise CommandError("events redeliver needs an event id or --dead")
-    finally:
-        await store.close()
-    return 0
+    return cli_events.run(_settings(args), args)
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -648,6 +598,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ReceiverError as exc:
         print(f"receiver: {exc.message}", file=sys.stderr)
         return EXIT_FAILED
+    except BrokenPipeError:  # the reader of stdout went away (`receiver events list | head`)
+        return quiet_closed_pipe()
     except OSError as exc:
         print(f"receiver: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_FAILED
