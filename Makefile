@@ -67,7 +67,7 @@ clean:  ## remove .venv, ./data and the tool caches
 # systemd-analyze and docker-compose (only `config`: no Docker engine is needed); from the
 # `deploy` extra hadolint, kubernetes-validate and PyYAML. Idempotent: apt runs only when a
 # command is missing. Without them those tests skip (or fail, in CI).
-DEPLOY_COMMANDS := caddy:caddy nginx:nginx openssl:openssl prometheus:prometheus \
+DEPLOY_COMMANDS := caddy:caddy nginx:nginx openssl:openssl prometheus:prometheus curl:curl \
 	promtool:prometheus systemd-analyze:systemd docker-compose:docker-compose sqlite3:sqlite3
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 

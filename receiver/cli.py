@@ -16,8 +16,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from receiver import __version__, cli_events
+from receiver import __version__, cli_events, cli_init
 from receiver.cli_parser import Parser, quiet_closed_pipe
+from receiver.cli_signing import config_secret, curl_command, webhook_url
 from receiver.config import (
     Settings,
     StoreSettings,
@@ -60,10 +61,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     with_config(commands.add_parser("check-config", help="validate the config"))
 
-    sign = commands.add_parser("sign", help="print signed webhook headers for a payload file")
-    sign.add_argument("--secret", required=True)
+    sign = with_config(
+        commands.add_parser(
+            "sign",
+            help="print signed webhook headers for a payload file, or a ready curl command",
+            description="Sign the exact bytes of FILE as the upstream signs a webhook. Without "
+            "--secret, the secret comes from the config (--config, $RECEIVER_CONFIG, then "
+            "./config.toml).",
+        )
+    )
+    sign.add_argument("--secret", help="the secret to sign with (default: from the config)")
     sign.add_argument("--timestamp", type=int, help="unix seconds (default: now)")
-    sign.add_argument("file")
+    sign.add_argument(
+        "--curl",
+        nargs="?",
+        const="",
+        metavar="URL",
+        help="print a curl command POSTing FILE to URL (default: the config's webhook URL)",
+    )
+    sign.add_argument("file", nargs="?", help="the JSON payload")
+    cli_init.add_parser(commands)
 
     replay = with_config(
         commands.add_parser(
@@ -76,8 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
             "refused.",
         )
     )
-    replay.add_argument("--url", required=True, help="the receiver's webhook URL")
-    replay.add_argument("--secret", required=True, help="the secret to sign with")
+    replay.add_argument(
+        "--url", help="the receiver's webhook URL (default: the config's public listener)"
+    )
+    replay.add_argument("--secret", help="the secret to sign with (default: from the config)")
     replay.add_argument("--concurrency", type=int, default=4, help="requests in flight (default 4)")
     replay.add_argument("--timeout", type=float, default=10.0, help="seconds per request")
     replay.add_argument(
@@ -368,14 +387,44 @@ def _read_payload(path: str | Path) -> bytes:
 
 
 def cmd_sign(args: argparse.Namespace) -> int:
+    if args.file is None and args.curl and "://" not in args.curl:
+        args.file, args.curl = args.curl, ""  # `sign --curl FILE`: the URL from the config
+    if args.file is None:
+        raise CommandError("sign needs a payload FILE")
     body = _read_payload(args.file)
     timestamp = args.timestamp if args.timestamp is not None else int(time.time())
     event_id, name = event_fields(body)
-    for header, value in webhook_headers(
-        args.secret, body, timestamp, event_id=event_id, event_name=name
-    ).items():
+    url = _target_url(args) if args.curl is not None else None
+    headers = webhook_headers(
+        _target_secret(args), body, timestamp, event_id=event_id, event_name=name
+    )
+    if url is not None:
+        print(curl_command(url, headers, args.file))
+        return 0
+    for header, value in headers.items():
         print(f"{header}: {value}")
     return 0
+
+
+def _from_config(args: argparse.Namespace, what: str) -> Settings:
+    """The config that supplies what the command line left out."""
+    path = config_path(args.config)
+    if not path.exists():
+        raise CommandError(f"no {what} given and no config at {path} to take it from")
+    return _settings(args)
+
+
+def _target_secret(args: argparse.Namespace) -> str:
+    secret: str = args.secret or config_secret(_from_config(args, "--secret"))
+    return secret
+
+
+def _target_url(args: argparse.Namespace) -> str:
+    given: str | None = getattr(args, "curl", None) or getattr(args, "url", None)
+    url = given or webhook_url(_from_config(args, "URL"))
+    if not url.startswith(("http://", "https://")):
+        raise CommandError(f"the URL must be http(s), not {url!r}")
+    return url
 
 
 def _payload_files(paths: Sequence[str]) -> list[Path]:
@@ -397,12 +446,14 @@ def _payload_files(paths: Sequence[str]) -> list[Path]:
 def cmd_replay(args: argparse.Namespace) -> int:
     from receiver.replay import Progress, replay, stored_payloads
 
-    if not args.url.startswith(("http://", "https://")):
-        raise CommandError(f"--url must be an http(s) URL, not {args.url!r}")
     if args.concurrency < 1:
         raise CommandError("--concurrency must be at least 1")
     if args.from_store and args.paths:
         raise CommandError("give payload files (PATH...) or --from-store EVENT_ID..., not both")
+    if args.from_store and not (args.url and args.secret):
+        # The config is the source inbox here, so it cannot also say where to send.
+        raise CommandError("--from-store needs --url and --secret of the receiving side")
+    url, secret = _target_url(args), _target_secret(args)
     if args.from_store:
         payloads = _run(stored_payloads(_settings(args), args.from_store))
     elif args.paths:
@@ -411,8 +462,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise CommandError("nothing to send: give PATH... or --from-store EVENT_ID...")
     refused: int = _run(
         replay(
-            args.url,
-            args.secret,
+            url,
+            secret,
             payloads,
             concurrency=args.concurrency,
             timeout=args.timeout,
@@ -579,6 +630,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "serve": cmd_serve,
     "check-config": cmd_check_config,
     "sign": cmd_sign,
+    "init": cli_init.run,
     "replay": cmd_replay,
     "events": cmd_events,
     "migrate": cmd_migrate,

@@ -1,0 +1,40 @@
+"""What ``receiver sign`` and ``receiver replay`` take from a config: the receiver's webhook URL
+and a secret it accepts; and the ready-to-run curl command ``sign --curl`` prints."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+
+from receiver.config import Settings
+from receiver.errors import ReceiverError
+from receiver.secrets import SecretBox
+
+
+class SigningError(ReceiverError):
+    """No secret or URL to sign with."""
+
+
+def webhook_url(settings: Settings) -> str:
+    """The public listener's webhook URL as a client on this host reaches it."""
+    server = settings.server
+    host = {"0.0.0.0": "127.0.0.1", "::": "[::1]", "": "127.0.0.1"}.get(  # noqa: S104
+        server.host, server.host
+    )
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{server.port}{server.path}"
+
+
+def config_secret(settings: Settings) -> str:
+    """The newest secret the receiver accepts (``webhook.secrets`` then ``secrets_file``)."""
+    return SecretBox(settings.webhook).secrets[-1]
+
+
+def curl_command(url: str, headers: Mapping[str, str], file: str) -> str:
+    """A curl command POSTing ``file``'s exact bytes with ``headers``; it prints the answer and
+    its status, and exits non-zero on a 4xx or 5xx."""
+    lines = [f"curl -sS --fail-with-body -X POST {shlex.quote(url)}"]
+    lines += [f"  -H {shlex.quote(f'{name}: {value}')}" for name, value in headers.items()]
+    lines.append(f"  --data-binary @{shlex.quote(file)} -w ' %{{http_code}}\\n'")
+    return " \\\n".join(lines)
