@@ -15,9 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from receiver.cli.common import CommandError, run_async, settings_from, with_config
 from receiver.config import Settings
 from receiver.config_schema import did_you_mean
-from receiver.errors import ReceiverError, UnknownEvent
+from receiver.errors import UnknownEvent
 from receiver.humantime import ago, iso_utc, parse_since
 from receiver.store import open_store
 from receiver.store.base import EventRecord, Store
@@ -27,11 +28,7 @@ STATES = ("pending", "done", "dead")
 TAIL_INTERVAL_SECONDS = 1.0
 
 
-class InboxError(ReceiverError):
-    """The inbox cannot be read as asked."""
-
-
-def add_parser(commands: Any, with_config: Callable[[Any], Any]) -> None:
+def add_parser(commands: Any) -> None:
     """``events list|tail|show|redeliver`` on the ``receiver`` parser's subcommands."""
     events = commands.add_parser(
         "events",
@@ -101,21 +98,20 @@ def _filters(parser: argparse.ArgumentParser, *, since: bool = True) -> None:
         )
 
 
-def run(
-    settings: Settings, args: argparse.Namespace, *, now: Callable[[], float] = time.time
-) -> int:
+def run(args: argparse.Namespace, *, now: Callable[[], float] = time.time) -> int:
     """Run one ``events`` subcommand; 0 on success."""
     if args.events_command == "redeliver":
         _check_redeliver_args(args)
     if getattr(args, "limit", 1) < 1:
-        raise InboxError("--limit must be at least 1")
+        raise CommandError("--limit must be at least 1")
     query = _query(args, now()) if args.events_command in ("list", "tail") else None
+    settings = settings_from(args)
     return _run_async(_run(settings, args, query, now))
 
 
 def _run_async(coro: Any) -> int:
     try:
-        result: int = asyncio.run(coro)
+        result: int = run_async(coro)
     except KeyboardInterrupt:
         return 0  # Ctrl-C is how `events tail` ends
     return result
@@ -151,7 +147,7 @@ def open_existing_store(settings: Settings) -> Store:
     """The configured store, refusing a SQLite inbox that does not exist (never creating it)."""
     url = settings.store.url
     if url.startswith("memory://"):
-        raise InboxError(
+        raise CommandError(
             f"store.url {url} in {settings.source} keeps events inside the receiver process; "
             "these commands read a sqlite:// or postgresql:// inbox"
         )
@@ -165,7 +161,7 @@ def open_existing_store(settings: Settings) -> Store:
                 if path.is_absolute()
                 else f" (store.url {url} is relative to the working directory {Path.cwd()})"
             )
-            raise InboxError(
+            raise CommandError(
                 f"no inbox at {path.absolute()}{where}; run where the receiver runs, or give "
                 f"--config (read: {settings.source})"
             )
@@ -174,9 +170,9 @@ def open_existing_store(settings: Settings) -> Store:
 
 def _check_redeliver_args(args: argparse.Namespace) -> None:
     if args.dead and (args.id or args.sink):
-        raise InboxError("give an event id (and --sink) or --dead, not both")
+        raise CommandError("give an event id (and --sink) or --dead, not both")
     if not args.dead and not args.id:
-        raise InboxError("events redeliver needs an event id or --dead")
+        raise CommandError("events redeliver needs an event id or --dead")
 
 
 def _query(args: argparse.Namespace, now: float) -> EventQuery:
@@ -185,7 +181,7 @@ def _query(args: argparse.Namespace, now: float) -> EventQuery:
         try:
             since = parse_since(args.since, now)
         except ValueError as exc:
-            raise InboxError(str(exc)) from None
+            raise CommandError(str(exc)) from None
     return EventQuery(
         state=args.status, event=args.event, sink=args.sink, ref=args.job, since=since
     )

@@ -1,19 +1,32 @@
-"""The command line's parser and exits: one clear stderr line for a mistyped command or option,
-with a suggestion, and a quiet exit when the reader of stdout goes away (``| head``)."""
+"""What every ``receiver`` command shares: exit codes, the parser class, settings, the runner.
+
+The parser's errors are one line naming the closest valid command, choice or option; a closed
+stdout (``receiver events list | head``) ends the command quietly.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import re
 import sys
-from typing import NoReturn
+from pathlib import Path
+from typing import Any, NoReturn
 
+from receiver.config import Settings, config_path, load_settings
 from receiver.config_schema import suggest
+from receiver.errors import ReceiverError
 
+EXIT_FAILED = 1
 EXIT_USAGE = 2
 # What a shell reports for a process ended by SIGPIPE (128 + 13), as `cat file | head` gives.
 EXIT_CLOSED_PIPE = 141
+
+
+class CommandError(ReceiverError):
+    """The command failed."""
+
 
 _INVALID_CHOICE = re.compile(r"argument (\S+): invalid choice: '([^']*)' \(choose from (.*)\)")
 _UNRECOGNIZED = re.compile(r"unrecognized arguments: (.*)")
@@ -66,3 +79,48 @@ def quiet_closed_pipe() -> int:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     return EXIT_CLOSED_PIPE
+
+
+def with_config(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add ``--config`` to a command's parser."""
+    p.add_argument(
+        "--config",
+        help="config file (default: $RECEIVER_CONFIG, then ./config.toml)",
+    )
+    return p
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    """The settings of the ``--config`` file (or its defaults)."""
+    return load_settings(config_path(args.config))
+
+
+def read_payload(path: str | Path) -> bytes:
+    """A payload file's bytes; a missing or unreadable file is a :class:`CommandError`."""
+    try:
+        return Path(path).read_bytes()
+    except FileNotFoundError:
+        raise CommandError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise CommandError(f"{path}: is a directory") from None
+    except OSError as exc:
+        raise CommandError(f"{path}: cannot be read ({exc.strerror})") from None
+
+
+def quiet_logs() -> None:
+    """Silence the logs: for commands whose output is the outcome itself."""
+    import logging
+
+    import structlog
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
+
+
+def run_async(coro: Any) -> Any:
+    """Run a coroutine on uvloop when installed (``receiver[uvloop]``), else asyncio's loop."""
+    try:
+        import uvloop  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        uvloop = None
+    # Outside the except block, so errors raised while running are not chained to ImportError.
+    return asyncio.run(coro) if uvloop is None else uvloop.run(coro)

@@ -7,13 +7,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from receiver.cli.common import CommandError
 from receiver.config import config_path
 from receiver.config_render import render_config
-from receiver.errors import ReceiverError
-
-
-class InitError(ReceiverError):
-    """The config file was not written."""
 
 
 def add_parser(commands: Any) -> None:
@@ -37,11 +33,11 @@ def run(args: argparse.Namespace) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, flags, 0o600)
     except FileExistsError:
-        raise InitError(
+        raise CommandError(
             f"{path} already exists; keep it, or pass --force to replace it (with a new secret)"
         ) from None
     except OSError as exc:
-        raise InitError(f"{path}: cannot be written ({exc.strerror})") from None
+        raise CommandError(f"{path}: cannot be written ({exc.strerror})") from None
     with os.fdopen(fd, "w", encoding="utf-8") as out:
         out.write(text)
     os.chmod(path, 0o600)  # --force on an existing file keeps its mode otherwise

@@ -1,18 +1,16 @@
-"""What ``receiver sign`` and ``receiver replay`` take from a config: the receiver's webhook URL
-and a secret it accepts; and the ready-to-run curl command ``sign --curl`` prints."""
+"""What ``receiver sign`` and ``receiver replay`` take from the config when the command line
+leaves it out: the receiver's webhook URL and a secret it accepts; and the ready-to-run curl
+command ``sign --curl`` prints."""
 
 from __future__ import annotations
 
+import argparse
 import shlex
 from collections.abc import Mapping
 
-from receiver.config import Settings
-from receiver.errors import ReceiverError
+from receiver.cli.common import CommandError, settings_from
+from receiver.config import Settings, config_path
 from receiver.secrets import SecretBox
-
-
-class SigningError(ReceiverError):
-    """No secret or URL to sign with."""
 
 
 def webhook_url(settings: Settings) -> str:
@@ -38,3 +36,25 @@ def curl_command(url: str, headers: Mapping[str, str], file: str) -> str:
     lines += [f"  -H {shlex.quote(f'{name}: {value}')}" for name, value in headers.items()]
     lines.append(f"  --data-binary @{shlex.quote(file)} -w ' %{{http_code}}\\n'")
     return " \\\n".join(lines)
+
+
+def _from_config(args: argparse.Namespace, what: str) -> Settings:
+    """The config (``--config``, ``$RECEIVER_CONFIG``, ``./config.toml``) supplying ``what``."""
+    path = config_path(args.config)
+    if not path.exists():
+        raise CommandError(f"no {what} given and no config at {path} to take it from")
+    return settings_from(args)
+
+
+def target_secret(args: argparse.Namespace) -> str:
+    """``--secret``, else the config's newest secret."""
+    secret: str = args.secret or config_secret(_from_config(args, "--secret"))
+    return secret
+
+
+def target_url(given: str | None, args: argparse.Namespace) -> str:
+    """``given``, else the config's webhook URL; http(s) only."""
+    url = given or webhook_url(_from_config(args, "URL"))
+    if not url.startswith(("http://", "https://")):
+        raise CommandError(f"the URL must be http(s), not {url!r}")
+    return url
