@@ -53,9 +53,18 @@ COMMANDS: dict[str, Command] = {
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``receiver`` parser with every command's subparser."""
-    parser = Parser(prog="receiver", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = Parser(
+        prog="receiver",
+        description="Receive the Mascot and Asset Generation Service's webhooks, store each one "
+        "durably, fetch the job and its assets, and deliver them to the configured sinks.",
+        epilog="New here? `receiver init` writes a config, `receiver serve` runs it, and "
+        "`receiver simulate --config config.toml --events 20 --until-done` sends it events. "
+        "`receiver COMMAND --help` explains each command.",
+    )
     parser.add_argument("--version", action="version", version=f"receiver {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    commands = parser.add_subparsers(
+        dest="command", required=True, parser_class=Parser, metavar="COMMAND"
+    )
     for module in COMMANDS.values():
         module.add_parser(commands)
     return parser

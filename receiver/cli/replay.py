@@ -44,7 +44,9 @@ def add_parser(commands: Any) -> None:
         metavar="EVENT_ID",
         help="re-send these stored events (their exact bytes) instead of files",
     )
-    replay.add_argument("paths", nargs="*", metavar="PATH")
+    replay.add_argument(
+        "paths", nargs="*", metavar="PATH", help="JSON payload files, or folders of them"
+    )
 
 
 def _payload_files(paths: Sequence[str]) -> list[Path]:

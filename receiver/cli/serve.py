@@ -11,7 +11,13 @@ from receiver.logs import configure_logging
 
 def add_parser(commands: Any) -> None:
     serve = with_config(commands.add_parser("serve", help="run the listeners and the workers"))
-    serve.add_argument("--role", choices=("all", "intake", "worker"), default="all")
+    serve.add_argument(
+        "--role",
+        choices=("all", "intake", "worker"),
+        default="all",
+        help="intake: only the listeners (events are stored, not processed); worker: only the "
+        "ops listener and the workers; default all",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -175,7 +175,12 @@ examples:
         help="exit after this long; exit 1 unless every delivery got a 2xx",
     )
     end.add_argument("--summary-json", metavar="PATH", help="also write the summary as JSON")
-    end.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+    end.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        default="info",
+        help="default info",
+    )
     return p
 
 
