@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import require_tool
 from tests.helpers import ROOT, free_port
 
 README = ROOT / "README.md"
@@ -50,9 +51,9 @@ def walkthrough_steps(text: str) -> list[Step]:
         pending = ""
         for line in match.group(2).splitlines():
             if line.rstrip().endswith("\\"):
-                pending += line.rstrip()[:-1] + " "
+                pending += line.rstrip()[:-1].strip() + " "
                 continue
-            command = (pending + line).strip()
+            command = (pending + line.strip()).strip()
             pending = ""
             if not command or command.startswith("#"):
                 continue
@@ -161,6 +162,7 @@ class Walkthrough:
 
 
 def test_the_readme_walkthrough_runs_top_to_bottom(tmp_path: Path) -> None:
+    require_tool("curl", installed_by="make deploy-tools")  # the walkthrough's checks use it
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
     walk = Walkthrough(tmp_path)
     started = time.monotonic()
