@@ -224,7 +224,31 @@ def coerce(
     return value
 
 
-def toml_kind(k: Key) -> tuple[type | tuple[type, ...], type | None]:
+Kind = tuple[type | tuple[type, ...], type | None]
+
+
+def typed_values(
+    where: str,
+    table: Mapping[str, Any],
+    kinds: Mapping[str, Kind],
+    unknown: Callable[[str], str],
+    problems: list[str],
+) -> dict[str, Any]:
+    """The keys of ``table`` that ``kinds`` knows, each checked against its type; an unknown key
+    is reported with ``unknown(key)``, a wrong type by :func:`coerce`."""
+    values: dict[str, Any] = {}
+    for name, value in table.items():
+        if name not in kinds:
+            problems.append(f"{where}.{name}: {unknown(name)}")
+            continue
+        kind, item_kind = kinds[name]
+        coerced = coerce(f"{where}.{name}", value, kind, item_kind, problems)
+        if coerced is not None:
+            values[name] = coerced
+    return values
+
+
+def toml_kind(k: Key) -> Kind:
     """The TOML type a key takes and, for lists and tables, the type of their entries."""
     kind, _optional = _base_type(k.type)
     origin = typing.get_origin(kind)
@@ -260,18 +284,13 @@ def build_table(
     ``problems()``, each naming ``where.key``.
     """
     keys = section.keys
-    values: dict[str, Any] = {}
-    for name, value in table.items():
-        k = keys.get(name)
-        if k is None:
-            problems.append(
-                f"{where}.{name}: unknown key{_suggest_key(name, section, other_sections)}"
-            )
-            continue
-        kind, item_kind = toml_kind(k)
-        coerced = coerce(f"{where}.{name}", value, kind, item_kind, problems)
-        if coerced is not None:
-            values[name] = coerced
+    values = typed_values(
+        where,
+        table,
+        {name: toml_kind(k) for name, k in keys.items()},
+        lambda name: f"unknown key{_suggest_key(name, section, other_sections)}",
+        problems,
+    )
     for k in keys.values():
         if k.env and env.get(k.env):
             values[k.name] = from_env(k, env[k.env])

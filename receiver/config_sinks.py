@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from receiver.config_schema import coerce, did_you_mean
+from receiver.config_schema import did_you_mean, typed_values
 from receiver.sinks.registry import COMMON_KEYS, SINK_TYPES, Option
 
 
@@ -71,22 +71,19 @@ def _build_sink(where: str, table: Mapping[str, Any], problems: list[str]) -> Si
             )
         return None
     options_spec: dict[str, Option] = {**COMMON_KEYS, **spec.options}
-    values: dict[str, Any] = {}
     before = len(problems)
-    for key, value in table.items():
-        option = options_spec.get(key)
-        if option is None:
-            problems.append(
-                f"{where}.{key}: not a key of {sink_type} sinks{did_you_mean(key, options_spec)}"
-            )
-            continue
-        coerced = coerce(f"{where}.{key}", value, option.kind, option.item_kind, problems)
-        if coerced is None:
-            continue
-        if option.choices and coerced not in option.choices:
-            problems.append(f"{where}.{key}: must be one of {', '.join(option.choices)}")
-            continue
-        values[key] = coerced
+    values = typed_values(
+        where,
+        table,
+        {key: (option.kind, option.item_kind) for key, option in options_spec.items()},
+        lambda key: f"not a key of {sink_type} sinks{did_you_mean(key, options_spec)}",
+        problems,
+    )
+    for key, value in list(values.items()):
+        choices = options_spec[key].choices
+        if choices and value not in choices:
+            problems.append(f"{where}.{key}: must be one of {', '.join(choices)}")
+            del values[key]
     for key, option in options_spec.items():
         if option.required and key not in table:
             problems.append(f"{where}.{key}: missing")

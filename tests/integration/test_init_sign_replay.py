@@ -7,9 +7,7 @@ import asyncio
 import os
 import re
 import stat
-import sys
 import tomllib
-from pathlib import Path
 
 import pytest
 
@@ -19,22 +17,7 @@ from receiver.config import load_settings
 from receiver.config_render import render_config
 from tests.conftest import require_tool
 from tests.helpers import ROOT, free_port
-
-
-async def run_cli(*args: str, cwd: Path) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "receiver",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env={k: v for k, v in os.environ.items() if not k.startswith("RECEIVER_")},
-        cwd=cwd,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
+from tests.integration.test_cli import run_cli
 
 
 def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
