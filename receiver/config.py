@@ -228,7 +228,10 @@ def load_settings(path: str | Path, env: Mapping[str, str] | None = None) -> Set
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        raise ConfigError(f"config file {path} not found") from None
+        raise ConfigError(
+            f"config file {path} not found (`receiver init` writes one; --config PATH names "
+            "another)"
+        ) from None
     except OSError as exc:
         raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
     try:
