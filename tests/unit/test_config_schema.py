@@ -117,7 +117,10 @@ def test_a_mistyped_key_or_section_gets_a_suggestion() -> None:
                 "worker": {"concurency": 4},
                 "admin": {"concurrency": 4},
                 "sever": {},
-                "sinks": [{"name": "f", "type": "download", "directroy": "x"}],
+                "sinks": [
+                    {"name": "f", "type": "download", "directroy": "x"},
+                    {"name": "r", "type": "redsi"},
+                ],
             },
             env={},
         )
@@ -128,6 +131,10 @@ def test_a_mistyped_key_or_section_gets_a_suggestion() -> None:
     assert "admin.concurrency: unknown key (did you mean worker.concurrency?)" in problems
     assert "sever: unknown section (did you mean server?)" in problems
     assert "sinks.f.directroy: not a key of download sinks (did you mean directory?)" in problems
+    assert any(
+        p.startswith("sinks.r.type: unknown sink type 'redsi' (did you mean redis?)")
+        for p in problems
+    )
 
 
 def test_an_unrelated_unknown_key_gets_no_guess() -> None:
