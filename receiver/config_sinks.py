@@ -67,7 +67,8 @@ def _build_sink(where: str, table: Mapping[str, Any], problems: list[str]) -> Si
         else:
             problems.append(
                 f"{where}.type: unknown sink type {sink_type!r}"
-                f"{did_you_mean(str(sink_type), SINK_TYPES)} (one of {', '.join(sorted(SINK_TYPES))})"
+                f"{did_you_mean(str(sink_type), SINK_TYPES)} "
+                f"(one of {', '.join(sorted(SINK_TYPES))})"
             )
         return None
     options_spec: dict[str, Option] = {**COMMON_KEYS, **spec.options}
