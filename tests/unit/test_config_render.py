@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import tomllib
 
-from receiver.config import Settings, parse_settings
+from receiver.config import parse_settings, schema
 from receiver.config_render import render_config, toml_value
-from receiver.config_schema import all_keys
+from receiver.config_schema import Key
+
+
+def table_keys() -> list[Key]:
+    """The keys of the [sections] (arrays of tables are optional: not in the rendered file)."""
+    return [k for section in schema() if not section.many for k in section.keys.values()]
 
 
 def test_the_rendered_config_loads_and_keeps_every_default() -> None:
     text = render_config()
     settings = parse_settings(tomllib.loads(text), env={})
-    for k in all_keys(Settings):
+    for k in table_keys():
         if k.path != "webhook.secrets":
             assert getattr(getattr(settings, k.section), k.name) == k.default, k.path
     assert [s.name for s in settings.sinks] == ["files"]
@@ -22,7 +27,7 @@ def test_the_rendered_config_loads_and_keeps_every_default() -> None:
 def test_every_key_appears_with_its_help() -> None:
     text = render_config()
     lines = text.splitlines()
-    for k in all_keys(Settings):
+    for k in table_keys():
         section = next(i for i, line in enumerate(lines) if line.startswith(f"[{k.section}]"))
         at = next(
             i for i, line in enumerate(lines) if i > section and line.startswith(f"{k.name} = ")
