@@ -1,4 +1,4 @@
-"""The config schema: every key of every section, declared once, where its value lives.
+"""The config schema: every key declared once, on the dataclass field that holds its value.
 
 A section is a frozen dataclass in :mod:`receiver.config` whose fields are declared with
 :func:`key`; the field's annotation is the key's type::
@@ -9,6 +9,11 @@ A section is a frozen dataclass in :mod:`receiver.config` whose fields are decla
 test holds to the schema). Loading (type, default, check, ``env`` override), ``check-config``
 (did-you-mean for a mistyped key, the values that differ from the defaults), the config that
 ``receiver init`` writes and the example-file test all read it from there.
+
+For example, a new ``[worker]`` key is one field of ``WorkerSettings`` and one line under
+``[worker]`` in ``config.example.toml``::
+
+    job_max_age_seconds: float = key(300.0, "how long a fetched job is reused", check=positive)
 
 - A new ``[section]``: a dataclass of :func:`key` fields, plus a field of that type in
   :class:`receiver.config.Settings` (``pull: PullSettings = PullSettings()``).
