@@ -12,7 +12,6 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from receiver.cli.common import CommandError, run_async, settings_from, with_config
@@ -20,7 +19,7 @@ from receiver.config import Settings
 from receiver.config_schema import did_you_mean
 from receiver.errors import UnknownEvent
 from receiver.humantime import ago, iso_utc, parse_since
-from receiver.store import open_store
+from receiver.store import open_existing_store
 from receiver.store.base import EventRecord, Store
 from receiver.store.browse import Cursor, EventQuery
 
@@ -120,7 +119,7 @@ def _run_async(coro: Any) -> int:
 async def _run(
     settings: Settings, args: argparse.Namespace, query: EventQuery | None, now: Callable[[], float]
 ) -> int:
-    store = open_existing_store(settings)
+    store = open_existing_store(settings.store, source=settings.source)
     await store.open()
     try:
         command = args.events_command
@@ -141,31 +140,6 @@ async def _run(
     finally:
         await store.close()
     return 0
-
-
-def open_existing_store(settings: Settings) -> Store:
-    """The configured store, refusing a SQLite inbox that does not exist (never creating it)."""
-    url = settings.store.url
-    if url.startswith("memory://"):
-        raise CommandError(
-            f"store.url {url} in {settings.source} keeps events inside the receiver process; "
-            "these commands read a sqlite:// or postgresql:// inbox"
-        )
-    if url.startswith("sqlite://"):
-        from receiver.store.sqlite import sqlite_path
-
-        path = sqlite_path(url)
-        if not path.exists():
-            where = (
-                ""
-                if path.is_absolute()
-                else f" (store.url {url} is relative to the working directory {Path.cwd()})"
-            )
-            raise CommandError(
-                f"no inbox at {path.absolute()}{where}; run where the receiver runs, or give "
-                f"--config (read: {settings.source})"
-            )
-    return open_store(settings.store)
 
 
 def _check_redeliver_args(args: argparse.Namespace) -> None:

@@ -8,9 +8,10 @@ to the working directory) or ``sqlite:////abs/path.db`` is the embedded default;
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 
 from receiver.config import StoreSettings
-from receiver.errors import ConfigError
+from receiver.errors import ConfigError, StoreError
 from receiver.extras import install_hint
 from receiver.store.base import Claim, DeliveryRecord, EventRecord, NewEvent, Outcome, Store
 
@@ -21,6 +22,7 @@ __all__ = [
     "NewEvent",
     "Outcome",
     "Store",
+    "open_existing_store",
     "open_store",
 ]
 
@@ -50,3 +52,30 @@ def open_store(settings: StoreSettings) -> Store:
         store: Store = module.PostgresStore(settings)
         return store
     raise ConfigError("store.url: must start with sqlite://, postgresql:// or memory://")
+
+
+def open_existing_store(settings: StoreSettings, *, source: str) -> Store:
+    """The store of ``settings`` for a command that only reads or edits an inbox: a SQLite
+    file that does not exist is a StoreError naming its path (and that a relative path is
+    relative to the working directory), never created. ``source`` names the config file."""
+    url = settings.url
+    if url.startswith("memory://"):
+        raise StoreError(
+            f"store.url {url} in {source} keeps events inside the receiver process; "
+            "this command reads a sqlite:// or postgresql:// inbox"
+        )
+    if url.startswith("sqlite://"):
+        from receiver.store.sqlite import sqlite_path
+
+        path = sqlite_path(url)
+        if not path.exists():
+            relative = (
+                ""
+                if path.is_absolute()
+                else f" (store.url {url} is relative to the working directory {Path.cwd()})"
+            )
+            raise StoreError(
+                f"no inbox at {path.absolute()}{relative}; run where the receiver runs, or give "
+                f"--config (read: {source})"
+            )
+    return open_store(settings)

@@ -168,8 +168,15 @@ def test_a_missing_inbox_is_an_error_naming_the_path_and_config(
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
-    for args in (["list"], ["show", "evt-1"], ["redeliver", "evt-1"], ["tail"]):
-        code, out, err = cli(capsys, "events", *args, "--config", str(inbox))
+    replay = ["replay", "--from-store", "evt-1", "--url", "http://127.0.0.1:9/w", "--secret", "s"]
+    for args in (
+        ["events", "list"],
+        ["events", "show", "evt-1"],
+        ["events", "redeliver", "evt-1"],
+        ["events", "tail"],
+        replay,
+    ):
+        code, out, err = cli(capsys, *args, "--config", str(inbox))
         assert code == 1 and out == ""
         assert err.startswith(f"receiver: no inbox at {elsewhere / 'data' / 'inbox.db'} ")
         assert "--config" in err and "relative to the working directory" in err
