@@ -47,12 +47,12 @@ test: $(VENV)/.installed-dev  ## the whole suite
 	$(BIN)/pytest -q
 
 lint: $(VENV)/.installed-dev  ## ruff check and format check
-	$(BIN)/ruff check receiver tests
-	$(BIN)/ruff format --check receiver tests
+	$(BIN)/ruff check receiver tests bench
+	$(BIN)/ruff format --check receiver tests bench
 
 format: $(VENV)/.installed-dev  ## ruff format and fix what it can
-	$(BIN)/ruff format receiver tests
-	$(BIN)/ruff check --fix receiver tests
+	$(BIN)/ruff format receiver tests bench
+	$(BIN)/ruff check --fix receiver tests bench
 
 typecheck: $(VENV)/.installed-dev  ## mypy --strict on receiver/
 	$(BIN)/mypy
@@ -61,6 +61,21 @@ check: lint typecheck test  ## lint, typecheck and the whole suite
 
 clean:  ## remove .venv, ./data and the tool caches
 	rm -rf $(VENV) data .pytest_cache .mypy_cache .ruff_cache
+
+# --- the inbox page in a real browser -----------------------------------------------------------
+# tests/web drives Debian's Chromium with Playwright (from the dev extra); Playwright never
+# downloads a browser. Idempotent: apt runs only when chromium is missing.
+.PHONY: browser-tools screenshots
+
+browser-tools: $(VENV)/.installed-dev  ## Chromium for tests/web, from Debian
+	@command -v chromium >/dev/null 2>&1 || { \
+		echo "installing Debian packages: chromium"; \
+		$(SUDO) apt-get update -q \
+		&& $(SUDO) env DEBIAN_FRONTEND=noninteractive \
+			apt-get install -y -q --no-install-recommends chromium; }
+
+screenshots: browser-tools  ## the browser tests, saving docs/ui-*.png (shown in the README)
+	RECEIVER_SCREENSHOTS=docs $(BIN)/pytest -q tests/web -p no:cacheprovider
 
 # --- deploy -----------------------------------------------------------------------------------
 # The tools tests/deploy runs: from Debian caddy, nginx, openssl, sqlite3, prometheus (promtool),
@@ -103,6 +118,9 @@ image-smoke:  ## the Dockerfile's build steps in a throwaway virtualenv
 	$(IMAGE_SMOKE)/opt/bin/pip install --quiet --no-cache-dir $(IMAGE_SMOKE)/src
 	RECEIVER_WEBHOOK_SECRETS=whsec_image_smoke $(IMAGE_SMOKE)/opt/bin/receiver check-config \
 		--config deploy/docker/config.toml
+	$(IMAGE_SMOKE)/opt/bin/python -c "from receiver.web import render, ui; \
+		assert (ui.STATIC / 'ui.css').is_file() and (ui.STATIC / 'ui.js').is_file(); \
+		[render.ENVIRONMENT.get_template(t) for t in render.ENVIRONMENT.list_templates()]"
 	rm -rf $(IMAGE_SMOKE)
 
 # --- Postgres: the store contract, outages, migrations and three replicas on one inbox --------
@@ -116,7 +134,7 @@ test-postgres: $(VENV)/.installed-dev  ## the Postgres tests alone (PostgreSQL o
 # --- Benchmarks and the long fuzz run (bench/; never part of `make test`) ---------------------
 # Each benchmark measures its baselines in the same run and prints ratios; BENCH_ARGS passes
 # options through (e.g. `make bench-ingest BENCH_ARGS="--rounds 5 --loop asyncio"`).
-.PHONY: bench bench-ingest bench-scale bench-e2e bench-tools fuzz
+.PHONY: bench bench-ingest bench-scale bench-e2e bench-web bench-tools fuzz
 BENCH_ARGS ?=
 FUZZ_EXAMPLES ?= 100000
 
@@ -138,7 +156,10 @@ bench-scale: $(VENV)/.installed-bench bench-tools  ## 1M events stored vs empty;
 bench-e2e: $(VENV)/.installed-bench  ## events/s against a 100 ms upstream vs the concurrency bound
 	$(BIN)/python -m bench.e2e $(BENCH_ARGS)
 
-bench: bench-ingest bench-scale bench-e2e  ## the three benchmarks
+bench-web: $(VENV)/.installed-dev  ## inbox page timings with 1,000,000 events in SQLite
+	$(BIN)/python -m bench.web_pages $(BENCH_ARGS)
+
+bench: bench-ingest bench-scale bench-e2e bench-web  ## the four benchmarks
 
 fuzz: $(VENV)/.installed-dev  ## the webhook fuzz test, FUZZ_EXAMPLES requests (default 100000)
 	RECEIVER_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/pytest tests/hostile/test_fuzz_webhook.py \

@@ -41,6 +41,24 @@ def image_event(n: int) -> bytes:
     return webhook_body(f"stored-{n:08d}")
 
 
+def new_inbox(path: Path) -> sqlite3.Connection:
+    """A new, empty inbox file at ``path`` with the receiver's schema, opened for bulk writes
+    (WAL, ``synchronous = OFF``, a large cache); the caller closes it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = OFF")
+    conn.execute("PRAGMA cache_size = -262144")
+    conn.execute("BEGIN")
+    for statements in MIGRATIONS:
+        for statement in statements:
+            conn.execute(statement)
+    conn.execute("COMMIT")
+    return conn
+
+
 def build(
     path: Path,
     count: int,
@@ -51,19 +69,8 @@ def build(
     progress: Callable[[str], None] = print,
 ) -> Path:
     """An inbox at ``path`` holding ``count`` events in ``state`` (pending or done)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{path}{suffix}").unlink(missing_ok=True)
     started = time.monotonic()
-    with closing(sqlite3.connect(path, isolation_level=None)) as conn:
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = OFF")
-        conn.execute("PRAGMA cache_size = -262144")
-        conn.execute("BEGIN")
-        for statements in MIGRATIONS:
-            for statement in statements:
-                conn.execute(statement)
-        conn.execute("COMMIT")
+    with closing(new_inbox(path)) as conn:
         now = time.time() - 3600
         for start in range(0, count, CHUNK):
             events, deliveries = [], []

@@ -33,6 +33,7 @@ from receiver.store.base import EVENT_STATES, Store
 from receiver.supervisor import Supervisor
 from receiver.upstream import UpstreamClient
 from receiver.watchdog import Watchdog
+from receiver.web import InboxUi
 from receiver.worker import Worker
 
 log = get_logger("receiver.app")
@@ -185,10 +186,24 @@ class Runtime:
         return app
 
     def ops_app(self) -> web.Application:
-        """The ops listener: metrics, health, readiness and the admin API."""
+        """The ops listener: metrics, health, readiness, the admin API and the inbox page."""
         app = web.Application()
         app.add_routes(self._ops().routes())
+        app.router.add_get("/ui", _to_inbox_ui)  # before the sub-app, which would answer 404
+        app.add_subapp("/ui/", self._inbox_ui().app())
         return app
+
+    def _inbox_ui(self) -> InboxUi:
+        return InboxUi(
+            store=self.store,
+            metrics=self.metrics,
+            sinks=self.settings.sinks,
+            admin_token=self.settings.admin.token,
+            admin_host=self.settings.admin.host,
+            watchdog=lambda: self.watchdog,
+            on_redeliver=self.wake_worker,
+            clock=self.clock,
+        )
 
     def _ops(self) -> Ops:
         return Ops(
@@ -305,6 +320,10 @@ async def _drain_public(runners: list[web.AppRunner], runtime: Runtime, deadline
         await intake.drained(deadline - loop.time())
     for runner in runners:
         await runner.cleanup()
+
+
+async def _to_inbox_ui(_request: web.Request) -> web.Response:
+    return web.Response(status=308, headers={"Location": "/ui/"})
 
 
 def _reload_secrets(runtime: Runtime) -> None:

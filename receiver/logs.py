@@ -40,9 +40,14 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
+def redact_query_strings(text: str) -> str:
+    """``text`` with the query string of every http(s) URL in it replaced by ``<redacted>``."""
+    return _URL_QUERY.sub(r"\1?<redacted>", text) if "://" in text else text
+
+
 def _scrub(value: Any) -> Any:
-    if isinstance(value, str) and "://" in value:
-        return _URL_QUERY.sub(r"\1?<redacted>", value)
+    if isinstance(value, str):
+        return redact_query_strings(value)
     return value
 
 

@@ -18,6 +18,7 @@ logged as a warning and tried again at the next interval; it never stops the rec
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from receiver.errors import ReceiverError
@@ -36,6 +37,10 @@ class Watchdog:
         self._metrics = metrics
         self.interval = interval
         self._failures: dict[str, int] = {}
+        #: The subscriptions as last listed, when (unix time), and why the latest look failed.
+        self.subscriptions: list[dict[str, Any]] | None = None
+        self.checked_at: float | None = None
+        self.last_error: str | None = None
 
     async def check(self) -> list[dict[str, Any]] | None:
         """Look once: update the gauges, log what changed; the subscriptions, or None if the
@@ -44,7 +49,9 @@ class Watchdog:
             hooks = await self._upstream.list_webhooks()
         except ReceiverError as exc:
             log.warning("webhook subscriptions could not be checked", error=exc.message)
+            self.last_error = exc.message
             return None
+        self.subscriptions, self.checked_at, self.last_error = hooks, time.time(), None
         seen: dict[str, int] = {}
         for hook in hooks:
             webhook_id = str(hook.get("id"))

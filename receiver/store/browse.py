@@ -142,6 +142,12 @@ WHERE_SINK_STATE = (
     "EXISTS (SELECT 1 FROM deliveries d"
     " WHERE d.event_id = events.id AND d.sink = :sink AND d.state = :state)"
 )
+# A delivery still pending means its event is pending: the event-state index narrows the scan
+# to the pending events, however many finished ones there are.
+WHERE_PENDING_EVENT = "state = 'pending'"
+# Dead deliveries are few: read them from the deliveries side (the partial index on dead rows,
+# by sink) rather than scanning every event for one.
+WHERE_SINK_DEAD = "id IN (SELECT event_id FROM deliveries WHERE state = 'dead' AND sink = :sink)"
 # Two primary-key / job-id lookups, whatever order the page is in.
 WHERE_REF = (
     "id IN (SELECT id FROM events WHERE id = :ref"
@@ -165,7 +171,11 @@ def browse_sql(
     reverses them.
     """
     clauses: list[str] = []
-    if query.sink is not None:
+    if query.sink is not None and query.state == "dead":
+        clauses.append(WHERE_SINK_DEAD)
+    elif query.sink is not None:
+        if query.state == "pending":
+            clauses.append(WHERE_PENDING_EVENT)
         clauses.append(WHERE_SINK_STATE if query.state is not None else WHERE_SINK)
     elif query.state is not None:
         clauses.append(WHERE_STATE)

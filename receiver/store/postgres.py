@@ -144,10 +144,12 @@ MIGRATIONS: tuple[Migration, ...] = (
         (
             "CREATE INDEX events_event_received ON events (event, received_at)",
             "CREATE INDEX events_job ON events (job_id)",
-            "CREATE INDEX deliveries_pending_sink ON deliveries (sink, next_attempt_at)"
+            "CREATE INDEX deliveries_pending_sink ON deliveries (sink, next_attempt_at, state)"
             " WHERE state = 'pending'",
             "CREATE INDEX deliveries_failing ON deliveries (updated_at)"
             " WHERE last_error IS NOT NULL",
+            "CREATE INDEX deliveries_dead_groups"
+            " ON deliveries (sink, last_error, updated_at, state) WHERE state = 'dead'",
         ),
     ),
 )
@@ -871,6 +873,7 @@ SELECT event_id, sink, state, attempts, next_attempt_at, last_error, updated_at
 FROM deliveries WHERE last_error IS NOT NULL ORDER BY updated_at DESC LIMIT $1
 """
 
+# Served by the partial index deliveries_dead_groups.
 DEAD_GROUPS = """
 SELECT sink, last_error, count(*), min(updated_at), max(updated_at)
 FROM deliveries WHERE state = 'dead'

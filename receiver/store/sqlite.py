@@ -104,13 +104,17 @@ SCHEMA_V1: tuple[str, ...] = (
 )
 
 # The inbox page (receiver.store.browse): filter by event name or job id, the lanes' pending
-# deliveries by sink, the latest failures. The partial indexes hold only the rows they serve.
+# deliveries by sink, the latest failures, dead letters by sink and error. The partial indexes
+# hold only the rows they serve; their last column, state, lets SQLite answer from the index
+# alone (it does not infer the column from the index's WHERE).
 SCHEMA_V2_BROWSE: tuple[str, ...] = (
     "CREATE INDEX events_event_received ON events (event, received_at)",
     "CREATE INDEX events_job ON events (job_id)",
-    "CREATE INDEX deliveries_pending_sink ON deliveries (sink, next_attempt_at)"
+    "CREATE INDEX deliveries_pending_sink ON deliveries (sink, next_attempt_at, state)"
     " WHERE state = 'pending'",
     "CREATE INDEX deliveries_failing ON deliveries (updated_at) WHERE last_error IS NOT NULL",
+    "CREATE INDEX deliveries_dead_groups ON deliveries (sink, last_error, updated_at, state)"
+    " WHERE state = 'dead'",
     "PRAGMA user_version = 2",
 )
 
@@ -871,20 +875,20 @@ class SqliteStore:
                 await conn.execute_fetchall(LANES_IN_FLIGHT, (now, now)),
                 await conn.execute_fetchall(LANES_FAILING, (failing_since,)),
             )
-            recent = await conn.execute_fetchall(RECENT_ERRORS, (errors,))
-            return InboxOverview(lanes, delivery_records(recent))
+            recent = delivery_records(await conn.execute_fetchall(RECENT_ERRORS, (errors,)))
+            return InboxOverview(lanes, recent)
 
         return await self._read_tx(run)
 
     async def dead_letters(self, *, groups: int = 100, samples: int = 5) -> DeadGroupList:
         async def run(conn: aiosqlite.Connection) -> DeadGroupList:
-            found = []
+            out = []
             for sink, error, count, first, last in await conn.execute_fetchall(
                 DEAD_GROUPS, (groups,)
             ):
-                ids = await conn.execute_fetchall(DEAD_SAMPLES, (sink, error, samples))
-                found.append(DeadGroup(sink, error, count, first, last, tuple(r[0] for r in ids)))
-            return found
+                rows = await conn.execute_fetchall(DEAD_SAMPLES, (sink, error, samples))
+                out.append(DeadGroup(sink, error, count, first, last, tuple(r[0] for r in rows)))
+            return out
 
         return await self._read_tx(run)
 
@@ -977,6 +981,7 @@ SELECT event_id, sink, state, attempts, next_attempt_at, last_error, updated_at
 FROM deliveries WHERE last_error IS NOT NULL ORDER BY updated_at DESC LIMIT ?
 """
 
+# These three are served by the partial index deliveries_dead_groups (it holds the event id too).
 DEAD_GROUPS = """
 SELECT sink, last_error, count(*), min(updated_at), max(updated_at)
 FROM deliveries WHERE state = 'dead'

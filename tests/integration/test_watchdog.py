@@ -110,11 +110,16 @@ async def test_warns_when_failures_grow_and_forgets_deleted_subscriptions(upstre
         await watchdog.check()
         assert gauge(metrics, "receiver_upstream_webhook_active", hook.id) is None
         assert gauge(metrics, "receiver_upstream_webhook_consecutive_failures", hook.id) is None
+        assert watchdog.subscriptions == [] and watchdog.last_error is None
+        checked = watchdog.checked_at
 
         sim.error_fraction = 1.0
         with capture_logs() as logs:
             assert await watchdog.check() is None  # logged, not raised
         assert "could not be checked" in warnings(logs)[0]["event"]
+        # The inbox page shows the last list it got, when, and why the latest look failed.
+        assert watchdog.subscriptions == [] and watchdog.checked_at == checked
+        assert watchdog.last_error
 
 
 async def test_runs_only_with_an_api_key(upstream) -> None:
