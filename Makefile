@@ -1,10 +1,17 @@
 # One entry point for people and CI. Every target creates the virtualenv it needs.
+# `make` alone (or `make help`) lists the targets: each one's `## ` comment is its description.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 CONFIG ?= config.example.toml
 
-.PHONY: run simulate test test-fast lint format typecheck check clean
+.DEFAULT_GOAL := help
+.PHONY: help run simulate install-all test lint format typecheck check clean
+
+help:  ## list the targets (this text)
+	@echo "usage: make TARGET   (every target creates .venv when it needs it)"
+	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-zA-Z][a-zA-Z0-9_.-]*:[^=]*## / \
+		{printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +25,12 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(VENV)/.installed $@
+
+$(VENV)/.installed-all: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[all]'
+	touch $(VENV)/.installed $@
+
+install-all: $(VENV)/.installed-all  ## the optional extras (redis, amqp, nats, postgres) into .venv
 
 run: $(VENV)/.installed  ## start the receiver on the embedded defaults (SQLite, ./data)
 	$(BIN)/receiver serve --config $(CONFIG)
@@ -33,20 +46,20 @@ demo: $(VENV)/.installed  ## simulator + receiver, a mix of events with faults, 
 test: $(VENV)/.installed-dev  ## the whole suite
 	$(BIN)/pytest -q
 
-lint: $(VENV)/.installed-dev
+lint: $(VENV)/.installed-dev  ## ruff check and format check
 	$(BIN)/ruff check receiver tests bench
 	$(BIN)/ruff format --check receiver tests bench
 
-format: $(VENV)/.installed-dev
+format: $(VENV)/.installed-dev  ## ruff format and fix what it can
 	$(BIN)/ruff format receiver tests bench
 	$(BIN)/ruff check --fix receiver tests bench
 
-typecheck: $(VENV)/.installed-dev
+typecheck: $(VENV)/.installed-dev  ## mypy --strict on receiver/
 	$(BIN)/mypy
 
-check: lint typecheck test
+check: lint typecheck test  ## lint, typecheck and the whole suite
 
-clean:
+clean:  ## remove .venv, ./data and the tool caches
 	rm -rf $(VENV) data .pytest_cache .mypy_cache .ruff_cache
 
 # --- the inbox page in a real browser -----------------------------------------------------------
@@ -69,7 +82,7 @@ screenshots: browser-tools  ## the browser tests, saving docs/ui-*.png (shown in
 # systemd-analyze and docker-compose (only `config`: no Docker engine is needed); from the
 # `deploy` extra hadolint, kubernetes-validate and PyYAML. Idempotent: apt runs only when a
 # command is missing. Without them those tests skip (or fail, in CI).
-DEPLOY_COMMANDS := caddy:caddy nginx:nginx openssl:openssl prometheus:prometheus \
+DEPLOY_COMMANDS := caddy:caddy nginx:nginx openssl:openssl prometheus:prometheus curl:curl \
 	promtool:prometheus systemd-analyze:systemd docker-compose:docker-compose sqlite3:sqlite3
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
@@ -149,8 +162,8 @@ bench-lanes: $(VENV)/.installed-bench  ## fast sinks beside a paced and a hangin
 bench-web: $(VENV)/.installed-dev  ## inbox page timings with 1,000,000 events in SQLite
 	$(BIN)/python -m bench.web_pages $(BENCH_ARGS)
 
-bench: bench-ingest bench-scale bench-e2e bench-lanes bench-web
+bench: bench-ingest bench-scale bench-e2e bench-lanes bench-web  ## every benchmark
 
-fuzz: $(VENV)/.installed-dev  ## the webhook fuzz test with $(FUZZ_EXAMPLES) requests
+fuzz: $(VENV)/.installed-dev  ## the webhook fuzz test, FUZZ_EXAMPLES requests (default 100000)
 	RECEIVER_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/pytest tests/hostile/test_fuzz_webhook.py \
 		-q -s -p no:cacheprovider -o timeout=0

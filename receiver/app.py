@@ -8,7 +8,6 @@ only the webhook path and ``/healthz``; the ops app serves metrics, readiness an
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import time
@@ -34,6 +33,7 @@ from receiver.sinks.base import Sink, SinkContext
 from receiver.sinks.loader import build_sinks
 from receiver.store import open_store
 from receiver.store.base import EVENT_STATES, LaneStats, Store
+from receiver.supervisor import Supervisor
 from receiver.upstream import UpstreamClient
 from receiver.watchdog import Watchdog
 from receiver.web import InboxUi
@@ -75,7 +75,8 @@ class Runtime:
         self.watchdog: Watchdog | None = None
 
         self.intake: Intake | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        # The background loops: gauges, pruning, the watchdog and the worker's lease extension.
+        self.supervisor = Supervisor(metrics=self.metrics)
         self._closed = False
 
     @property
@@ -96,13 +97,13 @@ class Runtime:
             await self.store.open()
             if self.runs_workers:
                 await self._start_workers(self.session, upstream)
-            self._tasks.append(asyncio.create_task(self._refresh_gauges(), name="gauges"))
+            self.supervisor.start("gauges", self._refresh_gauges)
             if self.runs_workers:
-                self._tasks.append(asyncio.create_task(self._prune(), name="prune"))
+                self.supervisor.start("prune", self._prune)
             # --- upstream subscription watchdog ---
             self.watchdog = self._watchdog(upstream)
             if self.watchdog is not None:
-                self._tasks.append(asyncio.create_task(self.watchdog.run(), name="watchdog"))
+                self.supervisor.start("watchdog", self.watchdog.run)
         except BaseException:
             await self.close()
             raise
@@ -123,7 +124,7 @@ class Runtime:
             metrics=self.metrics,
             clock=self.clock,
         )
-        self.worker.start()
+        self.worker.start(self.supervisor)
 
     def _watchdog(self, upstream: UpstreamClient) -> Watchdog | None:
         """The subscription watchdog, in processes that run workers and have an API key."""
@@ -147,15 +148,10 @@ class Runtime:
         if self._closed:
             return
         self._closed = True
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks.clear()
         if self.worker is not None:
             await self.worker.stop(self.settings.server.shutdown_timeout_seconds)
             self.worker = None
+        await self.supervisor.stop()
         for sink in self.sinks:
             try:
                 await sink.close()
@@ -222,6 +218,7 @@ class Runtime:
             else None,
             on_redeliver=self.wake_worker,
             settings=self.settings,
+            tasks_down=self.supervisor.down,
             clock=self.clock,
         )
 

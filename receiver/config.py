@@ -1,5 +1,7 @@
 """Configuration: frozen dataclasses loaded from a TOML file and ``RECEIVER_*`` variables.
 
+Every key is declared once, in the section dataclasses below, with its type, default, check and
+one line of help (see :mod:`receiver.config_schema` for how to add a key or a section).
 :func:`load_settings` reads the file, checks every key (unknown keys, wrong types, out-of-range
 values, sink tables) and raises one :class:`~receiver.errors.ConfigError` listing every problem,
 each naming its key. Secrets may come from the environment instead of the file:
@@ -13,111 +15,207 @@ import os
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from receiver.config_schema import (
+    Section,
+    at_least,
+    between,
+    build_table,
+    did_you_mean,
+    key,
+    one_of,
+    positive,
+    rule,
+    sections,
+)
+from receiver.config_sinks import SinkSettings as SinkSettings
+from receiver.config_sinks import build_sinks
 from receiver.errors import ConfigError
-from receiver.sinks.registry import COMMON_KEYS, SINK_TYPES, Option
 
 DEFAULT_CONFIG_PATH = "config.toml"
 MIN_RETENTION_HOURS = 48
 MAX_PROCESSES = 64
+_PORT = between(0, 65535)
 
 
 @dataclass(frozen=True)
 class ServerSettings:
-    host: str = "0.0.0.0"  # noqa: S104 - the public listener is meant to be reachable
-    port: int = 8080
-    path: str = "/webhooks"
-    max_body_bytes: int = 1024 * 1024
-    shutdown_timeout_seconds: float = 10.0
-    read_timeout_seconds: float = 10.0
-    trusted_proxies: tuple[str, ...] = ()
-    processes: int = 1
+    """The public listener."""
+
+    host: str = key("0.0.0.0", "address of the public listener")  # noqa: S104 - meant to be reachable
+    port: int = key(8080, "port of the public listener", check=_PORT)
+    path: str = key(
+        "/webhooks",
+        "the webhook path",
+        check=rule(lambda v: v.startswith("/"), "must start with /"),
+    )
+    max_body_bytes: int = key(
+        1024 * 1024, "larger bodies are refused with 413", check=at_least(1024)
+    )
+    shutdown_timeout_seconds: float = key(
+        10.0, "on SIGTERM: time to answer, drain and release claims", check=positive
+    )
+    read_timeout_seconds: float = key(10.0, "headers and body must arrive within this time")
+    trusted_proxies: tuple[str, ...] = key((), "addresses whose X-Forwarded-For is believed")
+    processes: int = key(
+        1,
+        "intake processes sharing the public port (SO_REUSEPORT); the first runs the workers",
+        check=between(1, MAX_PROCESSES),
+    )
 
 
 @dataclass(frozen=True)
 class WebhookSettings:
-    secrets: tuple[str, ...] = ()
-    secrets_file: str = ""
-    tolerance_seconds: int = 300
-    allow_legacy_signature: bool = False
+    """Verifying the upstream's signatures."""
+
+    secrets: tuple[str, ...] = key(
+        (),
+        "signing secrets; any match verifies",
+        check=rule(lambda v: all(v), "an entry is empty"),
+        env="RECEIVER_WEBHOOK_SECRETS",
+        secret=True,
+    )
+    secrets_file: str = key("", "a file of secrets, one a line, re-read on SIGHUP")
+    tolerance_seconds: int = key(300, "allowed signature timestamp skew", check=positive)
+    allow_legacy_signature: bool = key(False, "accept X-Service-Signature (not replay-safe)")
+
+    def problems(self) -> list[str]:
+        if not self.secrets and not self.secrets_file:
+            return [
+                "webhook.secrets: no secret configured (set webhook.secrets, "
+                "webhook.secrets_file or RECEIVER_WEBHOOK_SECRETS)"
+            ]
+        return []
 
 
 @dataclass(frozen=True)
 class ApiSettings:
-    base_url: str = "http://127.0.0.1:8090/v1"
-    api_key: str = ""
-    timeout_seconds: float = 30.0
-    watchdog_interval_seconds: float = 300.0
+    """The upstream service's API."""
+
+    base_url: str = key(
+        "http://127.0.0.1:8090/v1",
+        "the upstream's base URL, ending in /v1",
+        check=rule(lambda v: v.startswith(("http://", "https://")), "must be an http(s) URL"),
+    )
+    api_key: str = key("", "Bearer key for the upstream API", env="RECEIVER_API_KEY", secret=True)
+    timeout_seconds: float = key(30.0, "per upstream request", check=positive)
+    watchdog_interval_seconds: float = key(
+        300.0,
+        "how often the webhook subscriptions are checked; 0 = off",
+        check=rule(lambda v: v >= 0, "must be 0 (off) or more"),
+    )
+
+
+_STORE_SCHEMES = ("sqlite://", "postgresql://", "postgres://", "memory://")
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 
 @dataclass(frozen=True)
 class StoreSettings:
-    url: str = "sqlite:///data/receiver.db"
-    retention_hours: float = 168.0
-    synchronous: str = "full"
-    auto_migrate: bool = True
-    pool_size: int = 10
+    """The inbox: where events wait, deduplicated, until every sink has them."""
+
+    url: str = key(
+        "sqlite:///data/receiver.db",
+        "sqlite:///relative.db, sqlite:////absolute.db or postgresql://...",
+        check=rule(
+            lambda v: v.startswith(_STORE_SCHEMES),
+            "must start with sqlite://, postgresql:// or memory://",
+        ),
+        env="RECEIVER_STORE_URL",  # a Postgres url carries a password: keep it in a secret
+    )
+    retention_hours: float = key(
+        168.0,
+        f"processed events are kept this long; at least {MIN_RETENTION_HOURS}",
+        check=rule(
+            lambda v: v >= MIN_RETENTION_HOURS,
+            f"must be >= {MIN_RETENTION_HOURS} (the upstream retries an event for about 21 "
+            "hours; a pruned id would be accepted twice)",
+        ),
+    )
+    synchronous: str = key("full", "SQLite: full or normal", check=one_of("full", "normal"))
+    auto_migrate: bool = key(True, "create/upgrade the inbox schema at start")
+    pool_size: int = key(10, "Postgres: connections per process", check=at_least(1))
     # Postgres only: the schema holding the inbox tables ("" = the server's search_path), and
     # how long connecting or one statement may take before the store counts as unavailable
     # (short enough for a 503 to reach the upstream within its 10 s webhook timeout).
-    schema: str = ""
-    timeout_seconds: float = 5.0
+    schema: str = key("", "Postgres: schema of the inbox tables; empty = search_path")
+    timeout_seconds: float = key(
+        5.0, "Postgres: limit for connecting or one statement", check=positive
+    )
+
+    def problems(self) -> list[str]:
+        if not self.schema:
+            return []
+        if not self.url.startswith(("postgresql://", "postgres://")):
+            return ["store.schema: only a postgresql:// store has schemas"]
+        if not _SCHEMA_NAME.fullmatch(self.schema):
+            return [
+                "store.schema: must be a lower-case name of letters, digits and _ "
+                "(at most 63, not starting with a digit)"
+            ]
+        return []
 
 
 @dataclass(frozen=True)
 class WorkerSettings:
-    concurrency: int = 8
-    max_attempts: int = 12
-    backoff_initial_seconds: float = 1.0
-    backoff_max_seconds: float = 600.0
-    lease_seconds: float = 60.0
-    poll_interval_seconds: float = 1.0
-    # A stored job snapshot is reused by later deliveries while younger than this.
-    job_max_age_seconds: float = 300.0
-    # Consecutive failed attempts that pause a sink's lane (0 = never), and the first pause.
-    circuit_failures: int = 5
-    circuit_pause_seconds: float = 30.0
+    """Processing the inbox: fetching jobs and delivering to sinks."""
+
+    concurrency: int = key(8, "events processed at once", check=at_least(1))
+    max_attempts: int = key(12, "attempts per delivery, then dead", check=at_least(1))
+    backoff_initial_seconds: float = key(1.0, "first retry delay, doubling", check=positive)
+    backoff_max_seconds: float = key(600.0, "longest retry delay")
+    lease_seconds: float = key(
+        60.0, "a crashed worker's claims return after this", check=at_least(5)
+    )
+    poll_interval_seconds: float = key(
+        1.0, "how often idle workers look for due retries", check=positive
+    )
+    job_max_age_seconds: float = key(
+        300.0,
+        "a stored job snapshot is reused by later deliveries while younger than this",
+        check=rule(lambda v: v >= 0, "must be 0 (always fetch again) or more"),
+    )
+    circuit_failures: int = key(
+        5,
+        "consecutive failed attempts that pause a sink's lane (0 = never)",
+        check=rule(lambda v: v >= 0, "must be 0 (no circuit breaker) or more"),
+    )
+    circuit_pause_seconds: float = key(
+        30.0, "the first pause of a lane whose circuit opened, doubling", check=positive
+    )
+
+    def problems(self) -> list[str]:
+        if self.backoff_max_seconds < self.backoff_initial_seconds:
+            return ["worker.backoff_max_seconds: must be >= worker.backoff_initial_seconds"]
+        return []
 
 
 @dataclass(frozen=True)
 class AdminSettings:
-    host: str = "127.0.0.1"
-    port: int = 9091
-    token: str = ""
+    """The ops listener: /metrics, /healthz, /readyz, /admin/..."""
+
+    host: str = key("127.0.0.1", "address of the ops listener; keep it private")
+    port: int = key(9091, "port of the ops listener", check=_PORT)
+    token: str = key("", "Bearer token /admin/* requires", env="RECEIVER_ADMIN_TOKEN", secret=True)
 
 
 @dataclass(frozen=True)
 class LogSettings:
-    level: str = "info"
-    format: str = "auto"
+    """Logging to stderr."""
 
-
-@dataclass(frozen=True)
-class SinkSettings:
-    """One ``[[sinks]]`` table: the keys common to every sink, and the type's own keys."""
-
-    name: str
-    type: str
-    events: tuple[str, ...] = ()
-    job_types: tuple[str, ...] = ()
-    max_attempts: int | None = None
-    concurrency: int | None = None
-    timeout_seconds: float = 60.0
-    rate_limit_per_second: float = 0.0
-    options: Mapping[str, Any] = field(default_factory=dict)
-
-    def wants_event(self, event_name: str) -> bool:
-        return not self.events or event_name in self.events
-
-    def wants_job_type(self, job_type: str | None) -> bool:
-        return not self.job_types or job_type in self.job_types
+    level: str = key(
+        "info", "debug, info, warning or error", check=one_of("debug", "info", "warning", "error")
+    )
+    format: str = key("auto", "auto, json or console", check=one_of("auto", "json", "console"))
 
 
 @dataclass(frozen=True)
 class Settings:
+    """The whole configuration: one field per section (see :mod:`receiver.config_schema`)."""
+
     server: ServerSettings = ServerSettings()
     webhook: WebhookSettings = WebhookSettings()
     api: ApiSettings = ApiSettings()
@@ -136,15 +234,9 @@ class Settings:
         return sink.concurrency or self.worker.concurrency
 
 
-_SECTIONS: dict[str, type] = {
-    "server": ServerSettings,
-    "webhook": WebhookSettings,
-    "api": ApiSettings,
-    "store": StoreSettings,
-    "worker": WorkerSettings,
-    "admin": AdminSettings,
-    "log": LogSettings,
-}
+def schema() -> list[Section]:
+    """Every ``[section]`` and ``[[array]]`` of the config, in order (not ``[[sinks]]``)."""
+    return sections(Settings)
 
 
 def config_path(explicit: str | None, env: Mapping[str, str] | None = None) -> Path:
@@ -159,7 +251,10 @@ def load_settings(path: str | Path, env: Mapping[str, str] | None = None) -> Set
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        raise ConfigError(f"config file {path} not found") from None
+        raise ConfigError(
+            f"config file {path} not found (`receiver init` writes one; --config PATH names "
+            "another)"
+        ) from None
     except OSError as exc:
         raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
     try:
@@ -177,253 +272,80 @@ def parse_settings(
     """Validate an already-parsed TOML document (used by tests and by :func:`load_settings`)."""
     env = os.environ if env is None else env
     problems: list[str] = []
-    sections: dict[str, Any] = {}
-    for key in data:
-        if key not in _SECTIONS and key != "sinks":
-            problems.append(f"{key}: unknown section")
-    for name, cls in _SECTIONS.items():
-        table = data.get(name, {})
-        if not isinstance(table, dict):
-            problems.append(f"{name}: must be a table")
-            table = {}
-        sections[name] = _build_section(name, cls, table, problems)
-
-    webhook = sections["webhook"]
-    if env.get("RECEIVER_WEBHOOK_SECRETS"):
-        secrets = tuple(s.strip() for s in env["RECEIVER_WEBHOOK_SECRETS"].split(",") if s.strip())
-        webhook = _replace(webhook, secrets=secrets)
-    if env.get("RECEIVER_API_KEY"):
-        sections["api"] = _replace(sections["api"], api_key=env["RECEIVER_API_KEY"])
-    if env.get("RECEIVER_ADMIN_TOKEN"):
-        sections["admin"] = _replace(sections["admin"], token=env["RECEIVER_ADMIN_TOKEN"])
-    if env.get("RECEIVER_STORE_URL"):  # a Postgres url carries a password: keep it in a secret
-        sections["store"] = _replace(sections["store"], url=env["RECEIVER_STORE_URL"])
-    sections["webhook"] = webhook
-
-    _check_values(sections, problems)
-    sinks = _build_sinks(data.get("sinks", []), problems)
+    known = schema()
+    names = [s.name for s in known] + ["sinks"]
+    for name in data:
+        if name not in names:
+            problems.append(f"{name}: unknown section{did_you_mean(name, names)}")
+    values: dict[str, Any] = {}
+    for section in known:
+        values[section.name] = _build_section(section, data.get(section.name), env, problems, known)
+    sinks = build_sinks(data.get("sinks", []), problems)
     if problems:
         raise ConfigError(problems)
-    return Settings(**sections, sinks=tuple(sinks), source=source)
+    return Settings(**values, sinks=tuple(sinks), source=source)
 
 
-def _replace(obj: Any, **changes: Any) -> Any:
-    values = {f.name: getattr(obj, f.name) for f in fields(obj)}
-    values.update(changes)
-    return type(obj)(**values)
-
-
-def _type_name(kind: type | tuple[type, ...]) -> str:
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    names = {
-        str: "a string",
-        int: "an integer",
-        float: "a number",
-        bool: "true or false",
-        list: "a list",
-        dict: "a table",
-    }
-    return " or ".join(names.get(k, k.__name__) for k in kinds)
-
-
-def _coerce(
-    key: str, value: Any, kind: type | tuple[type, ...], item_kind: type | None, problems: list[str]
+def _build_section(
+    section: Section, raw: Any, env: Mapping[str, str], problems: list[str], known: list[Section]
 ) -> Any:
-    """Check ``value`` against ``kind``; return it (lists as tuples) or None after a problem."""
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if float in kinds and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, bool) and bool not in kinds:
-        problems.append(f"{key}: must be {_type_name(kind)}, not {value!r}")
-        return None
-    if not isinstance(value, kinds):
-        problems.append(f"{key}: must be {_type_name(kind)}, not {type(value).__name__}")
-        return None
-    if isinstance(value, list):
-        if item_kind is not None and not all(isinstance(v, item_kind) for v in value):
-            problems.append(f"{key}: every entry must be {_type_name(item_kind)}")
-            return None
-        return tuple(value)
-    return value
-
-
-def _build_section(name: str, cls: type, table: Mapping[str, Any], problems: list[str]) -> Any:
-    known = {f.name: f for f in fields(cls)}
-    values: dict[str, Any] = {}
-    for key, value in table.items():
-        if key not in known:
-            problems.append(f"{name}.{key}: unknown key")
-            continue
-        default = known[key].default
-        kind: type | tuple[type, ...]
-        item_kind: type | None = None
-        if isinstance(default, tuple):
-            kind, item_kind = list, str
-        elif isinstance(default, float):
-            kind = (float, int)
-        else:
-            kind = type(default)
-        coerced = _coerce(f"{name}.{key}", value, kind, item_kind, problems)
-        if coerced is not None:
-            values[key] = coerced
-    return cls(**values)
-
-
-def _check_values(s: dict[str, Any], problems: list[str]) -> None:
-    server: ServerSettings = s["server"]
-    store: StoreSettings = s["store"]
-    worker: WorkerSettings = s["worker"]
-    webhook: WebhookSettings = s["webhook"]
-    admin: AdminSettings = s["admin"]
-    api: ApiSettings = s["api"]
-    log: LogSettings = s["log"]
-    for key, port in (("server.port", server.port), ("admin.port", admin.port)):
-        if not 0 <= port <= 65535:
-            problems.append(f"{key}: must be between 0 and 65535")
-    if not server.path.startswith("/"):
-        problems.append("server.path: must start with /")
-    if server.max_body_bytes < 1024:
-        problems.append("server.max_body_bytes: must be at least 1024")
-    if server.shutdown_timeout_seconds <= 0:
-        problems.append("server.shutdown_timeout_seconds: must be positive")
-    if not 1 <= server.processes <= MAX_PROCESSES:
-        problems.append(f"server.processes: must be between 1 and {MAX_PROCESSES}")
-    if store.retention_hours < MIN_RETENTION_HOURS:
-        problems.append(
-            f"store.retention_hours: must be >= {MIN_RETENTION_HOURS} "
-            "(the upstream retries an event for about 21 hours; "
-            "a pruned id would be accepted twice)"
-        )
-    if store.synchronous not in ("full", "normal"):
-        problems.append('store.synchronous: must be "full" or "normal"')
-    if not store.url.startswith(("sqlite://", "postgresql://", "postgres://", "memory://")):
-        problems.append("store.url: must start with sqlite://, postgresql:// or memory://")
-    if store.pool_size < 1:
-        problems.append("store.pool_size: must be at least 1")
-    _check_postgres_store(store, problems)
-    if not webhook.secrets and not webhook.secrets_file:
-        problems.append(
-            "webhook.secrets: no secret configured (set webhook.secrets, webhook.secrets_file "
-            "or RECEIVER_WEBHOOK_SECRETS)"
-        )
-    if any(not secret for secret in webhook.secrets):
-        problems.append("webhook.secrets: an entry is empty")
-    if webhook.tolerance_seconds <= 0:
-        problems.append("webhook.tolerance_seconds: must be positive")
-    if not api.base_url.startswith(("http://", "https://")):
-        problems.append("api.base_url: must be an http(s) URL")
-    if api.timeout_seconds <= 0:
-        problems.append("api.timeout_seconds: must be positive")
-    if api.watchdog_interval_seconds < 0:
-        problems.append("api.watchdog_interval_seconds: must be 0 (off) or more")
-    if worker.concurrency < 1:
-        problems.append("worker.concurrency: must be at least 1")
-    if worker.max_attempts < 1:
-        problems.append("worker.max_attempts: must be at least 1")
-    if worker.backoff_initial_seconds <= 0:
-        problems.append("worker.backoff_initial_seconds: must be positive")
-    if worker.backoff_max_seconds < worker.backoff_initial_seconds:
-        problems.append("worker.backoff_max_seconds: must be >= worker.backoff_initial_seconds")
-    if worker.lease_seconds < 5:
-        problems.append("worker.lease_seconds: must be at least 5")
-    if worker.poll_interval_seconds <= 0:
-        problems.append("worker.poll_interval_seconds: must be positive")
-    if worker.job_max_age_seconds < 0:
-        problems.append("worker.job_max_age_seconds: must be 0 (always fetch again) or more")
-    if worker.circuit_failures < 0:
-        problems.append("worker.circuit_failures: must be 0 (no circuit breaker) or more")
-    if worker.circuit_pause_seconds <= 0:
-        problems.append("worker.circuit_pause_seconds: must be positive")
-    if log.level not in ("debug", "info", "warning", "error"):
-        problems.append('log.level: must be "debug", "info", "warning" or "error"')
-    if log.format not in ("auto", "json", "console"):
-        problems.append('log.format: must be "auto", "json" or "console"')
-
-
-_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-
-
-def _check_postgres_store(store: StoreSettings, problems: list[str]) -> None:
-    """The keys only the Postgres store reads."""
-    if store.schema:
-        if not store.url.startswith(("postgresql://", "postgres://")):
-            problems.append("store.schema: only a postgresql:// store has schemas")
-        elif not _SCHEMA_NAME.fullmatch(store.schema):
-            problems.append(
-                "store.schema: must be a lower-case name of letters, digits and _ "
-                "(at most 63, not starting with a digit)"
-            )
-    if store.timeout_seconds <= 0:
-        problems.append("store.timeout_seconds: must be positive")
-
-
-def _build_sinks(raw: Any, problems: list[str]) -> list[SinkSettings]:
-    if not isinstance(raw, list):
-        problems.append("sinks: must be an array of tables ([[sinks]])")
-        return []
-    sinks: list[SinkSettings] = []
-    seen: set[str] = set()
-    for index, table in enumerate(raw):
-        where = f"sinks[{index}]"
+    if not section.many:
+        if raw is not None and not isinstance(raw, dict):
+            problems.append(f"{section.name}: must be a table")
+            raw = None
+        return build_table(section, section.name, raw or {}, env, problems, other_sections=known)
+    if raw is not None and not isinstance(raw, list):
+        problems.append(f"{section.name}: must be an array of tables ([[{section.name}]])")
+        raw = None
+    tables = []
+    for index, table in enumerate(raw or []):
+        where = f"{section.name}[{index}]"
         if not isinstance(table, dict):
             problems.append(f"{where}: must be a table")
             continue
-        name = table.get("name")
-        if isinstance(name, str) and name:
-            where = f"sinks.{name}"
-            if name in seen:
-                problems.append(f"{where}: sink name used twice")
-            seen.add(name)
-        sink_type = table.get("type")
-        spec = SINK_TYPES.get(sink_type) if isinstance(sink_type, str) else None
-        if spec is None:
-            if sink_type is None:
-                problems.append(f"{where}.type: missing")
-            else:
-                problems.append(
-                    f"{where}.type: unknown sink type {sink_type!r} "
-                    f"(one of {', '.join(sorted(SINK_TYPES))})"
-                )
-            continue
-        options_spec: dict[str, Option] = {**COMMON_KEYS, **spec.options}
-        values: dict[str, Any] = {}
-        before = len(problems)
-        for key, value in table.items():
-            option = options_spec.get(key)
-            if option is None:
-                problems.append(f"{where}.{key}: not a key of {sink_type} sinks")
-                continue
-            coerced = _coerce(f"{where}.{key}", value, option.kind, option.item_kind, problems)
-            if coerced is None:
-                continue
-            if option.choices and coerced not in option.choices:
-                problems.append(f"{where}.{key}: must be one of {', '.join(option.choices)}")
-                continue
-            values[key] = coerced
-        for key, option in options_spec.items():
-            if option.required and key not in table:
-                problems.append(f"{where}.{key}: missing")
-            elif key not in values and option.default is not None:
-                values[key] = option.default
-        for key in ("max_attempts", "concurrency"):
-            if key in values and values[key] < 1:
-                problems.append(f"{where}.{key}: must be at least 1")
-        rate = values.setdefault("rate_limit_per_second", spec.default_rate)
-        if rate < 0:
-            problems.append(f"{where}.rate_limit_per_second: must be 0 (no limit) or more")
-        else:
-            values["rate_limit_per_second"] = float(rate)
-        if values.get("timeout_seconds", 1) <= 0:
-            problems.append(f"{where}.timeout_seconds: must be positive")
-        if len(problems) > before:
-            continue
-        if spec.check is not None:
-            problems.extend(f"{where}.{problem}" for problem in spec.check(values))
-            if len(problems) > before:
-                continue
-        common = {k: values.pop(k) for k in list(values) if k in COMMON_KEYS}
-        sinks.append(SinkSettings(**common, options=values))
-    return sinks
+        built = build_table(section, where, table, {}, problems, other_sections=known)
+        if built is not None:
+            tables.append(built)
+    return tuple(tables)
+
+
+def changed_from_defaults(settings: Settings) -> list[str]:
+    """``section.key = value`` for every key whose value is not its default, secrets masked."""
+    lines = []
+    for section in schema():
+        tables = getattr(settings, section.name)
+        for index, table in enumerate(tables if section.many else (tables,)):
+            where = f"{section.name}[{index}]" if section.many else section.name
+            for k in section.keys.values():
+                value = getattr(table, k.name)
+                if k.required or value != k.default:
+                    lines.append(f"{where}.{k.name} = {_shown(value, secret=k.secret)}")
+    return lines
+
+
+def _shown(value: Any, *, secret: bool) -> str:
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_shown(v, secret=secret) for v in value) + "]"
+    if secret:
+        return masked(str(value))
+    if isinstance(value, str):
+        return '"' + masked_url(value) + '"'
+    if isinstance(value, bool):
+        return str(value).lower()
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def masked_url(url: str) -> str:
+    """A URL with its password and its query string (which may sign or authenticate) masked."""
+    url, query, _ = url.partition("?")
+    if query:
+        return masked_url(url) + "?****"
+    scheme, sep, rest = url.partition("://")
+    if sep and "@" in rest.split("/", 1)[0]:
+        creds, _, host = rest.rpartition("@")
+        user = creds.split(":", 1)[0]
+        return f"{scheme}{sep}{user}:****@{host}"
+    return url
 
 
 def masked(value: str) -> str:

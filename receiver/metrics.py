@@ -139,6 +139,13 @@ class Metrics:
             registry=r,
         )
 
+        self.background_task_restarts = Counter(
+            "receiver_background_task_restarts",
+            "Restarts of a background task after an unexpected exception (see the log).",
+            ["task"],
+            registry=r,
+        )
+
     def render(self) -> bytes:
         """The registry in Prometheus text format."""
         return generate_latest(self.registry)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hmac
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -30,6 +30,7 @@ class Ops:
         workers_running: Callable[[], bool] | None,
         on_redeliver: Callable[[], None] | None = None,
         settings: Settings | None = None,
+        tasks_down: Callable[[], Mapping[str, str]] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._settings = settings or Settings()
@@ -38,6 +39,7 @@ class Ops:
         self._token = admin_token
         self._workers_running = workers_running
         self._on_redeliver = on_redeliver or (lambda: None)
+        self._tasks_down = tasks_down or dict
         self._clock = clock
 
     def routes(self) -> list[web.RouteDef]:
@@ -63,6 +65,8 @@ class Ops:
             problems.append(f"store: {exc.message}")
         if self._workers_running is not None and not self._workers_running():
             problems.append("workers: not running")
+        for name, why in sorted(self._tasks_down().items()):
+            problems.append(f"background task {name}: {why}")
         if problems:
             return web.json_response({"status": "unavailable", "reasons": problems}, status=503)
         return web.json_response({"status": "ready"})

@@ -133,9 +133,9 @@ async def stored_payloads(settings: Settings, event_ids: Sequence[str]) -> list[
 
     Raises UnknownEvent naming the first id the inbox does not have (nothing is sent then).
     """
-    from receiver.store import open_store
+    from receiver.store import open_existing_store
 
-    store = open_store(settings.store)
+    store = open_existing_store(settings.store, source=settings.source)
     await store.open()
     try:
         payloads = []

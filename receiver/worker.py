@@ -38,6 +38,7 @@ from receiver.metrics import Metrics
 from receiver.retry import RetryPolicy
 from receiver.sinks.base import Sink
 from receiver.store.base import DeliveryKey, EventRecord, LanePolicy, Leases, Outcome, Store
+from receiver.supervisor import Supervisor
 
 log = get_logger("receiver.worker")
 
@@ -112,7 +113,7 @@ class Worker:
         self._stopping = asyncio.Event()
         self._enriching: dict[str, asyncio.Task[None]] = {}
         self._tasks: list[asyncio.Task[None]] = []
-        self._heartbeat_task: asyncio.Task[None] | None = None
+        self._supervisor: Supervisor | None = None
 
     @property
     def running(self) -> bool:
@@ -124,13 +125,16 @@ class Worker:
         for lane in self.lanes.values():
             lane.wake()
 
-    def start(self) -> None:
+    def start(self, supervisor: Supervisor | None = None) -> None:
+        """Start enriching and every lane; lease extension runs under ``supervisor`` (restarted
+        if it fails)."""
         self._tasks = [asyncio.create_task(self._run(), name="enrich-loop")]
         self._tasks += [
             asyncio.create_task(lane.run(self._stopping), name=f"lane-{name}")
             for name, lane in self.lanes.items()
         ]
-        self._heartbeat_task = asyncio.create_task(self._heartbeat(), name="worker-leases")
+        self._supervisor = supervisor or Supervisor()
+        self._supervisor.start("leases", self._heartbeat)
         self._store.on_new_events(self.wake)
 
     def _in_flight(self) -> list[asyncio.Task[None]]:
@@ -152,10 +156,8 @@ class Worker:
                 task.cancel()
             if still:
                 await asyncio.wait(still)
-        if self._heartbeat_task:
-            self._heartbeat_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._heartbeat_task
+        if self._supervisor is not None:
+            await self._supervisor.cancel("leases")
 
     # -- enrichment -----------------------------------------------------------------------------
 

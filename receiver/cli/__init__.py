@@ -16,6 +16,7 @@ from receiver import __version__
 from receiver.cli import (
     check_config,
     events,
+    init,
     migrate,
     replay,
     serve,
@@ -23,7 +24,7 @@ from receiver.cli import (
     simulate,
     webhooks,
 )
-from receiver.cli.common import EXIT_FAILED, EXIT_USAGE, Parser
+from receiver.cli.common import EXIT_FAILED, EXIT_USAGE, Parser, quiet_closed_pipe
 from receiver.errors import ConfigError, ReceiverError
 
 
@@ -37,6 +38,7 @@ class Command(Protocol):
 
 #: Each command and the module that owns it, in the order ``receiver --help`` lists them.
 COMMANDS: dict[str, Command] = {
+    "init": init,
     "serve": serve,
     "check-config": check_config,
     "sign": sign,
@@ -51,9 +53,18 @@ COMMANDS: dict[str, Command] = {
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``receiver`` parser with every command's subparser."""
-    parser = Parser(prog="receiver", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = Parser(
+        prog="receiver",
+        description="Receive the Mascot and Asset Generation Service's webhooks, store each one "
+        "durably, fetch the job and its assets, and deliver them to the configured sinks.",
+        epilog="New here? `receiver init` writes a config, `receiver serve` runs it, and "
+        "`receiver simulate --config config.toml --events 20 --until-done` sends it events. "
+        "`receiver COMMAND --help` explains each command.",
+    )
     parser.add_argument("--version", action="version", version=f"receiver {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    commands = parser.add_subparsers(
+        dest="command", required=True, parser_class=Parser, metavar="COMMAND"
+    )
     for module in COMMANDS.values():
         module.add_parser(commands)
     return parser
@@ -71,6 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ReceiverError as exc:
         print(f"receiver: {exc.message}", file=sys.stderr)
         return EXIT_FAILED
+    except BrokenPipeError:  # the reader of stdout went away (`receiver events list | head`)
+        return quiet_closed_pipe()
     except OSError as exc:
         print(f"receiver: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_FAILED

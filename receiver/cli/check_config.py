@@ -6,7 +6,14 @@ import argparse
 from typing import Any
 
 from receiver.cli.common import settings_from, with_config
-from receiver.config import Settings, SinkSettings, StoreSettings, masked
+from receiver.config import (
+    Settings,
+    SinkSettings,
+    StoreSettings,
+    changed_from_defaults,
+    masked,
+    masked_url,
+)
 from receiver.errors import ConfigError
 
 
@@ -62,6 +69,9 @@ def describe(settings: Settings) -> str:
         job_types = f"; job types {', '.join(sink.job_types)}" if sink.job_types else ""
         lines.append(f"    - {sink.name} ({sink.type}): {events}{job_types}")
         lines.append(f"      lane: {lane_summary(s, sink)}")
+    changed = changed_from_defaults(s)
+    lines.append(f"  not defaults     {len(changed)}")
+    lines.extend(f"    {line}" for line in changed)
     return "\n".join(lines)
 
 
@@ -75,22 +85,13 @@ def lane_summary(settings: Settings, sink: SinkSettings) -> str:
 def _store_summary(store: StoreSettings) -> str:
     if store.url.startswith(("postgresql://", "postgres://")):
         # Query parameters may carry a password (?password=...): not shown at all.
-        url = _mask_url(store.url.split("?", 1)[0])
+        url = masked_url(store.url.split("?", 1)[0])
         return (
             f"{url} (schema {store.schema or '<search_path>'}, pool {store.pool_size}, "
             f"auto_migrate {str(store.auto_migrate).lower()}, "
             f"retention {store.retention_hours:g} h)"
         )
     return (
-        f"{_mask_url(store.url)} (synchronous={store.synchronous}, "
+        f"{masked_url(store.url)} (synchronous={store.synchronous}, "
         f"retention {store.retention_hours:g} h)"
     )
-
-
-def _mask_url(url: str) -> str:
-    scheme, sep, rest = url.partition("://")
-    if "@" in rest:
-        creds, _, host = rest.rpartition("@")
-        user = creds.split(":", 1)[0]
-        return f"{scheme}{sep}{user}:****@{host}"
-    return url

@@ -15,6 +15,7 @@ from receiver.cli.common import (
     settings_from,
     with_config,
 )
+from receiver.cli.signing import target_secret, target_url
 
 
 def add_parser(commands: Any) -> None:
@@ -23,14 +24,18 @@ def add_parser(commands: Any) -> None:
             "replay",
             help="sign and POST payload files (or stored events) to a receiver",
             description="Sign each payload with a fresh timestamp and POST it to --url. Payloads "
-            "are JSON files or folders of them (PATH...), or events from the inbox of --config "
+            "are JSON files or folders of them (PATH...), signed with a secret of --config and "
+            "sent to its listener unless --url/--secret say otherwise; or events from the inbox "
+            "of --config "
             "(--from-store EVENT_ID...), e.g. to re-send production events to staging. A terminal "
             "shows a progress bar; otherwise one line per payload is printed. Exit 1 if any was "
             "refused.",
         )
     )
-    replay.add_argument("--url", required=True, help="the receiver's webhook URL")
-    replay.add_argument("--secret", required=True, help="the secret to sign with")
+    replay.add_argument(
+        "--url", help="the receiver's webhook URL (default: the config's public listener)"
+    )
+    replay.add_argument("--secret", help="the secret to sign with (default: from the config)")
     replay.add_argument("--concurrency", type=int, default=4, help="requests in flight (default 4)")
     replay.add_argument("--timeout", type=float, default=10.0, help="seconds per request")
     replay.add_argument(
@@ -39,7 +44,9 @@ def add_parser(commands: Any) -> None:
         metavar="EVENT_ID",
         help="re-send these stored events (their exact bytes) instead of files",
     )
-    replay.add_argument("paths", nargs="*", metavar="PATH")
+    replay.add_argument(
+        "paths", nargs="*", metavar="PATH", help="JSON payload files, or folders of them"
+    )
 
 
 def _payload_files(paths: Sequence[str]) -> list[Path]:
@@ -61,12 +68,14 @@ def _payload_files(paths: Sequence[str]) -> list[Path]:
 def run(args: argparse.Namespace) -> int:
     from receiver.replay import Progress, replay, stored_payloads
 
-    if not args.url.startswith(("http://", "https://")):
-        raise CommandError(f"--url must be an http(s) URL, not {args.url!r}")
     if args.concurrency < 1:
         raise CommandError("--concurrency must be at least 1")
     if args.from_store and args.paths:
         raise CommandError("give payload files (PATH...) or --from-store EVENT_ID..., not both")
+    if args.from_store and not (args.url and args.secret):
+        # The config is the source inbox here, so it cannot also say where to send.
+        raise CommandError("--from-store needs --url and --secret of the receiving side")
+    url, secret = target_url(args.url, args), target_secret(args)
     if args.from_store:
         payloads = run_async(stored_payloads(settings_from(args), args.from_store))
     elif args.paths:
@@ -75,8 +84,8 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("nothing to send: give PATH... or --from-store EVENT_ID...")
     refused: int = run_async(
         replay(
-            args.url,
-            args.secret,
+            url,
+            secret,
             payloads,
             concurrency=args.concurrency,
             timeout=args.timeout,

@@ -14,7 +14,13 @@ from receiver.processes import MAX_PROCESSES
 
 def add_parser(commands: Any) -> None:
     serve = with_config(commands.add_parser("serve", help="run the listeners and the workers"))
-    serve.add_argument("--role", choices=("all", "intake", "worker"), default="all")
+    serve.add_argument(
+        "--role",
+        choices=("all", "intake", "worker"),
+        default="all",
+        help="intake: only the listeners (events are stored, not processed); worker: only the "
+        "ops listener and the workers; default all",
+    )
     serve.add_argument(
         "--processes",
         type=int,

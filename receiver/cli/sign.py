@@ -1,4 +1,4 @@
-"""``receiver sign``: print signed webhook headers for a payload file."""
+"""``receiver sign``: signed webhook headers for a payload file, or a ready curl command."""
 
 from __future__ import annotations
 
@@ -6,24 +6,49 @@ import argparse
 import time
 from typing import Any
 
-from receiver.cli.common import read_payload
+from receiver.cli.common import CommandError, read_payload, with_config
+from receiver.cli.signing import curl_command, target_secret, target_url
 from receiver.replay import event_fields
 from receiver.signature import webhook_headers
 
 
 def add_parser(commands: Any) -> None:
-    sign = commands.add_parser("sign", help="print signed webhook headers for a payload file")
-    sign.add_argument("--secret", required=True)
+    sign = with_config(
+        commands.add_parser(
+            "sign",
+            help="print signed webhook headers for a payload file, or a ready curl command",
+            description="Sign the exact bytes of FILE as the upstream signs a webhook and print "
+            "the headers, one `Name: value` line each. Without --secret, the secret comes from "
+            "the config (--config, $RECEIVER_CONFIG, then ./config.toml).",
+        )
+    )
+    sign.add_argument("--secret", help="the secret to sign with (default: from the config)")
     sign.add_argument("--timestamp", type=int, help="unix seconds (default: now)")
-    sign.add_argument("file")
+    sign.add_argument(
+        "--curl",
+        nargs="?",
+        const="",
+        metavar="URL",
+        help="print a curl command POSTing FILE to URL (default: the config's webhook URL)",
+    )
+    sign.add_argument("file", nargs="?", help="the JSON payload")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.file is None and args.curl and "://" not in args.curl:
+        args.file, args.curl = args.curl, ""  # `sign --curl FILE`: the URL from the config
+    if args.file is None:
+        raise CommandError("sign needs a payload FILE")
     body = read_payload(args.file)
     timestamp = args.timestamp if args.timestamp is not None else int(time.time())
     event_id, name = event_fields(body)
-    for header, value in webhook_headers(
-        args.secret, body, timestamp, event_id=event_id, event_name=name
-    ).items():
+    url = target_url(args.curl, args) if args.curl is not None else None
+    headers = webhook_headers(
+        target_secret(args), body, timestamp, event_id=event_id, event_name=name
+    )
+    if url is not None:
+        print(curl_command(url, headers, args.file))
+        return 0
+    for header, value in headers.items():
         print(f"{header}: {value}")
     return 0

@@ -45,7 +45,7 @@ def add_parser(commands: Any) -> None:
     )
     listing.add_argument("--json", action="store_true", help="print the upstream's objects")
     delete = with_config(webhook_commands.add_parser("delete", help="delete a subscription"))
-    delete.add_argument("id")
+    delete.add_argument("id", help="the subscription's id (see webhooks list)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import math
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
@@ -71,6 +72,7 @@ class Simulator(SimulatorState):
                 response = await self._api_call(request, handler, request_id)
                 response.headers["Request-Id"] = request_id
             self.responses[key, response.status] += 1
+            self.last_request_at = time.monotonic()
             return response
 
         return middleware
@@ -140,12 +142,16 @@ class Simulator(SimulatorState):
                 if remaining <= 0:
                     break
                 await asyncio.sleep(min(_TICK, remaining))
+        if self.job_status(job_id) in TERMINAL_STATUSES:
+            self.fetched.add(f"job:{job_id}")
         return _data(self.job_json(job_id, self._base(request)))
 
     async def _get_asset(self, request: web.Request) -> web.Response:
         asset_id = request.match_info["id"]
         if asset_id not in self.assets:
             return _error(404, "not_found", "Asset not found.")
+        if self.asset_status(asset_id) == "completed":
+            self.fetched.add(f"asset:{asset_id}")
         return _data(self.asset_json(asset_id, self._base(request)))
 
     async def _get_file(self, request: web.Request) -> web.Response:

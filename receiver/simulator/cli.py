@@ -5,10 +5,16 @@ they stand for. The command itself (its checks and exit codes) is :mod:`receiver
 from __future__ import annotations
 
 import argparse
+import secrets
+from collections.abc import Mapping
 from typing import Any
 
 from receiver.simulator.delivery import DeliveryFaults
+from receiver.simulator.handoff import DEFAULT_GRACE_SECONDS
 from receiver.simulator.run import SimulateOptions
+
+#: The flags ``--config`` can supply (their option names as attributes).
+_FROM_CONFIG = ("host", "port", "api_key", "target", "secret")
 
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:
@@ -35,9 +41,15 @@ examples:
       --derived-delay 5 --time-scale 0.001 --duration 60""",
     )
     server = p.add_argument_group("the API")
-    server.add_argument("--host", default="127.0.0.1")
-    server.add_argument("--port", type=int, default=8090, help="default 8090")
-    server.add_argument("--api-key", default="", help="Bearer key it requires (default: any)")
+    server.add_argument(
+        "--config",
+        metavar="PATH",
+        help="a receiver's config: its webhook URL and newest secret become --target/--secret, "
+        "its api.api_key the key required, and the API listens where its api.base_url points",
+    )
+    server.add_argument("--host", help="default 127.0.0.1")
+    server.add_argument("--port", type=int, help="default 8090")
+    server.add_argument("--api-key", help="Bearer key it requires (default: any)")
     server.add_argument(
         "--examples", default="examples", help="folder of payloads whose jobs it serves"
     )
@@ -51,7 +63,11 @@ examples:
         help="comma-separated mix, taken in turn (default: image,animation,logo,scene,failed)",
     )
     events.add_argument("--rate", type=float, default=5.0, help="events per second (default 5)")
-    events.add_argument("--seed", type=int, default=0, help="seed of every random choice")
+    events.add_argument(
+        "--seed",
+        type=int,
+        help="seed of every random choice (default: a random one, printed at the end)",
+    )
     delivery = p.add_argument_group("delivery")
     delivery.add_argument(
         "--time-scale",
@@ -141,7 +157,16 @@ examples:
     end.add_argument(
         "--until-done",
         action="store_true",
-        help="exit once every delivery has ended; exit 1 unless all got a 2xx",
+        help="exit once every delivery has ended and the receiver has fetched the jobs and "
+        "assets of the delivered events (see --grace); exit 1 unless all got a 2xx",
+    )
+    end.add_argument(
+        "--grace",
+        type=float,
+        default=DEFAULT_GRACE_SECONDS,
+        metavar="SECONDS",
+        help="with --until-done: how long to wait for those fetches at most "
+        f"(default {DEFAULT_GRACE_SECONDS:g})",
     )
     end.add_argument(
         "--duration",
@@ -150,19 +175,30 @@ examples:
         help="exit after this long; exit 1 unless every delivery got a 2xx",
     )
     end.add_argument("--summary-json", metavar="PATH", help="also write the summary as JSON")
-    end.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+    end.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        default="info",
+        help="default info",
+    )
     return p
 
 
-def options_from_args(args: argparse.Namespace) -> SimulateOptions:
-    """The :class:`SimulateOptions` the parsed flags of :func:`add_parser` ask for."""
+def options_from_args(
+    args: argparse.Namespace, from_config: Mapping[str, Any] | None = None
+) -> SimulateOptions:
+    """The :class:`SimulateOptions` the parsed flags of :func:`add_parser` ask for; a flag left
+    out takes its value from ``from_config`` (what ``--config`` supplies), else its default."""
+    given = dict(from_config or {})
+    given.update({k: v for k in _FROM_CONFIG if (v := getattr(args, k)) is not None})
+    seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
     return SimulateOptions(
-        host=args.host,
-        port=args.port,
-        api_key=args.api_key,
+        host=given.get("host", "127.0.0.1"),
+        port=given.get("port", 8090),
+        api_key=given.get("api_key", ""),
         examples=args.examples,
-        target=args.target,
-        secret=args.secret,
+        target=given.get("target"),
+        secret=given.get("secret"),
         events=args.events,
         kinds=tuple(k.strip() for k in args.kinds.split(",") if k.strip()),
         rate=args.rate,
@@ -184,7 +220,8 @@ def options_from_args(args: argparse.Namespace) -> SimulateOptions:
         expired_url_fraction=args.expired_urls,
         latency=args.latency,
         until_done=args.until_done,
+        grace=args.grace,
         duration=args.duration,
-        seed=args.seed,
+        seed=seed,
         summary_json=args.summary_json,
     )

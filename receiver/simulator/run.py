@@ -28,6 +28,7 @@ from aiohttp import web
 from receiver.logs import get_logger
 from receiver.simulator.api import Simulator
 from receiver.simulator.delivery import ATTEMPT_TIMEOUT_SECONDS, DeliveryFaults
+from receiver.simulator.handoff import DEFAULT_GRACE_SECONDS, unfetched, wait_for_fetches
 from receiver.simulator.model import KINDS
 from receiver.simulator.sender import WebhookSender
 
@@ -71,6 +72,7 @@ class SimulateOptions:
     expired_url_fraction: float = 0.0
     latency: float = 0.0
     until_done: bool = False
+    grace: float = DEFAULT_GRACE_SECONDS
     duration: float | None = None
     seed: int = 0
     summary_json: str | None = None
@@ -99,6 +101,8 @@ class SimulateOptions:
         ):
             if not value > 0:
                 problems.append(f"{flag} must be positive")
+        if self.grace < 0:
+            problems.append("--grace must be 0 or more seconds")
         if self.duration is not None and not self.duration > 0:
             problems.append("--duration must be positive")
         for flag, value in (
@@ -192,6 +196,9 @@ class Simulation:
                 return
             if self.done and self.options.events:
                 if self.options.until_done:
+                    await wait_for_fetches(
+                        self.sim, self.sender, grace=self.options.grace, stop=stop
+                    )
                     return
                 if not announced:
                     log.info("every event settled; still serving the API until stopped")
@@ -275,7 +282,9 @@ class Simulation:
             "generation_done": self.generation_done.is_set(),
             "settled": self.done,
             "delivery": self.sender.summary().as_json(),
+            "receiver_fetches_missing": unfetched(self.sim, self.sender),
             "api": api,
+            "seed": self.options.seed,
         }
 
     def render_summary(self) -> str:
@@ -293,6 +302,7 @@ def render_summary(summary: dict[str, Any]) -> str:
     states, outcomes = d["states"], d["outcomes"]
     kinds = ", ".join(f"{kind} {count}" for kind, count in generated.items()) or "none"
     hooks = d["subscriptions"]
+    missing = summary.get("receiver_fetches_missing", 0)
     answers = [
         f"2xx {outcomes['2xx']}",
         f"4xx {outcomes['4xx']}",
@@ -310,6 +320,8 @@ def render_summary(summary: dict[str, Any]) -> str:
         f"after 7 attempts, {states['stopped']} stopped, {states['scheduled']} still retrying",
         f"  attempts          {d['attempts']}: " + ", ".join(answers),
         "  latency to 2xx    " + _latency_line(d["latency_seconds"]),
+        f"  receiver fetched  the job and assets of {d['events_delivered'] - missing} of "
+        f"{d['events_delivered']} delivered events",
     ]
     for hook in hooks:
         lines.append(
@@ -320,6 +332,9 @@ def render_summary(summary: dict[str, Any]) -> str:
     for route, statuses in summary["api"].items():
         answered = ", ".join(f"{status} x{count}" for status, count in statuses.items())
         lines.append(f"  API served        {route}: {answered}")
+    seed = summary.get("seed")
+    if seed is not None:
+        lines.append(f"  seed              {seed} (--seed {seed} repeats this run, event ids too)")
     return "\n".join(lines)
 
 
@@ -359,6 +374,7 @@ async def run_simulator(options: SimulateOptions, *, out: Any = print) -> dict[s
                 events=options.events,
                 target=options.target,
                 time_scale=options.time_scale,
+                seed=options.seed,
             )
             await simulation.run(stop)
         summary = simulation.summary()  # after close: scheduled retries now count as stopped

@@ -86,6 +86,10 @@ class SimulatorState:
         self.expired_url_fraction = 0.0
         self.requests: Counter[str] = Counter()
         self.responses: Counter[tuple[str, int]] = Counter()
+        #: What a receiver has fetched: ``job:{id}`` once finished, ``asset:{id}`` once
+        #: completed; and when the last request of any kind ended (``time.monotonic()``).
+        self.fetched: set[str] = set()
+        self.last_request_at = 0.0
         self.jobs: dict[str, SimJob] = {}
         self.assets: dict[str, SimAsset] = {}
         self.webhooks: dict[str, SimWebhook] = {}

@@ -7,6 +7,7 @@ import importlib.util
 
 from receiver.config import Settings, SinkSettings
 from receiver.errors import ConfigError
+from receiver.extras import install_hint
 from receiver.sinks.base import Sink, SinkContext
 from receiver.sinks.registry import SINK_TYPES
 
@@ -19,7 +20,7 @@ def missing_extras(settings: Settings) -> list[str]:
         if spec.import_name and importlib.util.find_spec(spec.import_name) is None:
             problems.append(
                 f"sinks.{sink.name}.type: the {sink.type} sink needs an optional library; "
-                f"run: pip install 'receiver[{spec.extra}]'"
+                + install_hint(str(spec.extra))
             )
     return problems
 
@@ -32,7 +33,7 @@ def build_sink(sink: SinkSettings, context: SinkContext) -> Sink:
     except ImportError as exc:
         raise ConfigError(
             f"sinks.{sink.name}.type: the {sink.type} sink cannot be loaded ({exc}); "
-            f"run: pip install 'receiver[{spec.extra}]'"
+            + install_hint(str(spec.extra))
         ) from None
     created: Sink = module.create(sink, context)
     return created

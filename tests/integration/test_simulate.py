@@ -6,10 +6,15 @@ import asyncio
 import json
 
 import aiohttp
+import aiohttp.web
 import pytest
+from structlog.testing import capture_logs
 
 from receiver.app import Runtime
+from receiver.cli.common import CommandError
 from receiver.config import parse_settings
+from receiver.config_render import render_config
+from receiver.simulator.cli import options_from_args
 from receiver.simulator.delivery import DeliveryFaults
 from receiver.simulator.run import SUMMARY_PATH, SimulateOptions, Simulation, render_summary
 from tests.support.cli import assert_one_clean_line, run_cli
@@ -69,9 +74,13 @@ async def test_simulated_upstream_with_faults_feeds_a_receiver_end_to_end(
             server = await aiohttp_server(runtime.public_app())
             assert simulation.summary()["delivery"]["events"] == 0  # waits for a subscription
             simulation.sim.add_webhook(str(server.make_url("/webhooks")), secret=SECRET)
-            await asyncio.wait_for(simulation.run(asyncio.Event()), 30)
+            # Until every delivery settled and the receiver fetched what they need.
+            await asyncio.wait_for(simulation.run(asyncio.Event()), 60)
 
             summary = simulation.summary()
+            # The two job.failed events: no sink of this receiver wants them, so it never
+            # fetches their jobs; the simulator stopped once the receiver had been idle.
+            assert summary["receiver_fetches_missing"] == 2
             delivery = summary["delivery"]
             assert delivery["events"] == 10
             assert delivery["states"]["delivered"] == delivery["deliveries"] >= 10
@@ -123,9 +132,13 @@ async def test_the_command_until_done(tmp_path, intake) -> None:
     args = ["simulate", "--port", str(free_port()), "--target", url, "--secret", SECRET]
     args += ["--events", "6"]
     args += ["--rate", "100", "--duplicates", "0.5", "--until-done", "--log-level", "warning"]
+    # An intake-only receiver never fetches: the simulator waits --grace for it, then says so.
+    args += ["--grace", "0.5"]
     code, out, err = await run_cli(*args, "--summary-json", str(summary_file))
     assert code == 0, out + err
     assert "Traceback" not in err
+    assert "receiver fetched  the job and assets of 0 of 6 delivered events" in out
+    assert "seed  " in out
     assert out.startswith("simulator summary\n")
     assert "events sent       6 (" in out
     summary = json.loads(summary_file.read_text())
@@ -210,3 +223,108 @@ async def test_help_documents_the_flags() -> None:
     ):
         assert flag in out, flag
     assert "1 min, 5 min, 30 min, 2 h, 6 h, 12 h" in out
+
+
+# --- --until-done waits for the receiver's fetches; the seed; --config ---------------------------
+
+
+def fetching_receiver(simulation: Simulation, *, delay: float, fetch: bool = True):
+    """A receiver that answers 2xx at once and fetches the job and its assets ``delay`` later,
+    recording when its last fetch ended."""
+    fetched_at: list[float] = []
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def fetch_later(payload: dict) -> None:
+        await asyncio.sleep(delay)
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{simulation.base_url}/jobs/{payload['job_id']}") as resp:
+                assert resp.status == 200
+            for asset_id in payload["asset_ids"].values():
+                async with session.get(f"{simulation.base_url}/assets/{asset_id}") as resp:
+                    assert resp.status == 200
+        fetched_at.append(asyncio.get_running_loop().time())
+
+    async def webhook(request: aiohttp.web.Request) -> aiohttp.web.Response:
+        payload = await request.json()
+        if fetch:
+            task = asyncio.create_task(fetch_later(payload))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        return aiohttp.web.json_response({"status": "accepted"})
+
+    app = aiohttp.web.Application()
+    app.router.add_post("/webhooks", webhook)
+    return app, fetched_at, tasks
+
+
+async def test_until_done_keeps_the_api_up_until_the_receiver_has_fetched(aiohttp_server) -> None:
+    options = SimulateOptions(port=0, events=3, rate=100, kinds=("logo", "failed"), until_done=True)
+    async with Simulation(options) as simulation:
+        app, fetched_at, _tasks = fetching_receiver(simulation, delay=1.0)
+        server = await aiohttp_server(app)
+        simulation.sim.add_webhook(str(server.make_url("/webhooks")), secret=SECRET)
+        await asyncio.wait_for(simulation.run(asyncio.Event()), 30)
+        stopped_at = asyncio.get_running_loop().time()
+        summary = simulation.summary()
+    assert len(fetched_at) == 3 and max(fetched_at) <= stopped_at
+    assert summary["receiver_fetches_missing"] == 0
+    assert "receiver fetched  the job and assets of 3 of 3 delivered events" in render_summary(
+        summary
+    )
+
+
+async def test_until_done_stops_after_the_grace_period_and_says_what_is_missing(
+    aiohttp_server,
+) -> None:
+    options = SimulateOptions(port=0, events=2, rate=100, until_done=True, grace=0.3)
+    async with Simulation(options) as simulation:
+        app, _fetched, _tasks = fetching_receiver(simulation, delay=0, fetch=False)
+        server = await aiohttp_server(app)
+        simulation.sim.add_webhook(str(server.make_url("/webhooks")), secret=SECRET)
+        with capture_logs() as logs:
+            await asyncio.wait_for(simulation.run(asyncio.Event()), 30)
+    warning = next(e for e in logs if e["log_level"] == "warning")
+    assert warning["events"] == 2 and "--grace" in warning["event"]
+    assert simulation.summary()["receiver_fetches_missing"] == 2
+
+
+def simulate_args(*args: str):
+    from receiver.cli import build_parser
+
+    return build_parser().parse_args(["simulate", *args])
+
+
+def test_the_seed_is_random_unless_given_and_decides_the_event_ids() -> None:
+    seeds = {options_from_args(simulate_args()).seed for _ in range(3)}
+    assert len(seeds) == 3
+    assert options_from_args(simulate_args("--seed", "42")).seed == 42
+
+    def first_event_id(seed: int) -> str:
+        return Simulation(SimulateOptions(seed=seed)).new_event("logo")["id"]
+
+    assert first_event_id(42) == first_event_id(42) != first_event_id(43)
+    summary = render_summary({**Simulation(SimulateOptions(seed=42)).summary(), "seed": 42})
+    assert "seed              42 (--seed 42 repeats this run, event ids too)" in summary
+
+
+def test_config_supplies_the_target_secret_key_and_address(tmp_path) -> None:
+    from receiver.cli.simulate import _from_config
+
+    config = tmp_path / "config.toml"
+    text = render_config(secret="whsec_from_config").replace("port = 8080", "port = 18081")
+    text = text.replace('api_key = ""', 'api_key = "service_key"')
+    config.write_text(text.replace("127.0.0.1:8090", "127.0.0.1:18091"))
+    args = simulate_args("--config", str(config), "--events", "1")
+    options = options_from_args(args, _from_config(args))
+    assert (options.host, options.port, options.api_key) == ("127.0.0.1", 18091, "service_key")
+    assert (options.target, options.secret) == (
+        "http://127.0.0.1:18081/webhooks",
+        "whsec_from_config",
+    )
+    args = simulate_args("--config", str(config), "--port", "0", "--secret", "s")
+    assert options_from_args(args, _from_config(args)).port == 0  # a flag given wins
+    assert options_from_args(args, _from_config(args)).secret == "s"
+
+    config.write_text(text.replace("http://127.0.0.1:8090/v1", "https://api.example.com/v1"))
+    with pytest.raises(CommandError, match="is not on this host"):
+        _from_config(simulate_args("--config", str(config)))

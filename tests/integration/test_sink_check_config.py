@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from receiver.extras import install_hint
 from tests.support.helpers import ROOT, free_port, write_config
 
 ALL_SINKS = [
@@ -113,7 +114,7 @@ async def test_a_missing_extra_names_the_pip_install(tmp_path, library, sink, ex
     assert out == ""
     assert err.strip().splitlines() == [
         f"receiver: config: sinks.{sink}.type: the {extra} sink needs an optional library; "
-        f"run: pip install 'receiver[{extra}]'"
+        + install_hint(extra, cwd=ROOT)
     ]
 
 
@@ -122,7 +123,7 @@ async def test_serve_refuses_to_start_without_the_extra(tmp_path):
     code, _out, err = await run("serve", "--config", str(path), blocked=["redis"])
     assert code == 2
     assert "Traceback" not in err
-    assert "run: pip install 'receiver[redis]'" in err
+    assert install_hint("redis", cwd=ROOT) in err
 
 
 async def test_a_config_without_broker_sinks_needs_no_extra(tmp_path):

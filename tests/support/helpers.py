@@ -17,6 +17,7 @@ from typing import Any
 
 import aiohttp
 
+from receiver.config_render import toml_value
 from receiver.signature import webhook_headers
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,18 +54,6 @@ async def wait_for(
             return
         await asyncio.sleep(interval)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
-def toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(toml_value(v) for v in value) + "]"
-    raise TypeError(value)
 
 
 def write_config(path: Path, data: dict[str, Any]) -> Path:

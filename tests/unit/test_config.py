@@ -136,8 +136,12 @@ def test_unreadable_files(tmp_path, content, needle):
 
 
 def test_missing_file(tmp_path):
-    with pytest.raises(ConfigError, match="not found"):
+    with pytest.raises(ConfigError) as err:
         load_settings(tmp_path / "nope.toml", env={})
+    assert err.value.problems == [
+        f"config file {tmp_path / 'nope.toml'} not found "
+        "(`receiver init` writes one; --config PATH names another)"
+    ]
 
 
 def test_toml_file_round_trip(tmp_path):

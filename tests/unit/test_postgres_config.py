@@ -7,6 +7,7 @@ import pytest
 from receiver.cli.check_config import describe
 from receiver.config import parse_settings
 from receiver.errors import ConfigError
+from receiver.extras import install_hint
 
 BASE = {"webhook": {"secrets": ["whsec_x"]}}
 PG = "postgresql://receiver:s3cret-one@db.internal:5432/receiver"
@@ -71,5 +72,5 @@ def test_without_asyncpg_a_postgres_url_names_the_extra(monkeypatch, tmp_path, c
     err = capsys.readouterr().err
     assert err.strip() == (
         "receiver: config: store.url: the postgres store needs an optional library; "
-        "run: pip install 'receiver[postgres]'"
+        + install_hint("postgres")
     )

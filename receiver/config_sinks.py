@@ -1,0 +1,111 @@
+"""``[[sinks]]`` tables: the keys common to every sink and each type's own keys.
+
+Each sink type declares its keys in :mod:`receiver.sinks.registry` (which imports no broker
+library); this module checks a config's sink tables against it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from receiver.config_schema import did_you_mean, typed_values
+from receiver.sinks.registry import COMMON_KEYS, SINK_TYPES, Option
+
+
+@dataclass(frozen=True)
+class SinkSettings:
+    """One ``[[sinks]]`` table: the keys common to every sink, and the type's own keys."""
+
+    name: str
+    type: str
+    events: tuple[str, ...] = ()
+    job_types: tuple[str, ...] = ()
+    max_attempts: int | None = None
+    concurrency: int | None = None
+    timeout_seconds: float = 60.0
+    rate_limit_per_second: float = 0.0
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def wants_event(self, event_name: str) -> bool:
+        return not self.events or event_name in self.events
+
+    def wants_job_type(self, job_type: str | None) -> bool:
+        return not self.job_types or job_type in self.job_types
+
+
+def build_sinks(raw: Any, problems: list[str]) -> list[SinkSettings]:
+    """The ``[[sinks]]`` tables as settings; every problem goes to ``problems``, by sink name."""
+    if not isinstance(raw, list):
+        problems.append("sinks: must be an array of tables ([[sinks]])")
+        return []
+    sinks: list[SinkSettings] = []
+    seen: set[str] = set()
+    for index, table in enumerate(raw):
+        where = f"sinks[{index}]"
+        if not isinstance(table, dict):
+            problems.append(f"{where}: must be a table")
+            continue
+        name = table.get("name")
+        if isinstance(name, str) and name:
+            where = f"sinks.{name}"
+            if name in seen:
+                problems.append(f"{where}: sink name used twice")
+            seen.add(name)
+        sink = _build_sink(where, table, problems)
+        if sink is not None:
+            sinks.append(sink)
+    return sinks
+
+
+def _build_sink(where: str, table: Mapping[str, Any], problems: list[str]) -> SinkSettings | None:
+    sink_type = table.get("type")
+    spec = SINK_TYPES.get(sink_type) if isinstance(sink_type, str) else None
+    if spec is None:
+        if sink_type is None:
+            problems.append(f"{where}.type: missing")
+        else:
+            problems.append(
+                f"{where}.type: unknown sink type {sink_type!r}"
+                f"{did_you_mean(str(sink_type), SINK_TYPES)} "
+                f"(one of {', '.join(sorted(SINK_TYPES))})"
+            )
+        return None
+    options_spec: dict[str, Option] = {**COMMON_KEYS, **spec.options}
+    before = len(problems)
+    values = typed_values(
+        where,
+        table,
+        {key: (option.kind, option.item_kind) for key, option in options_spec.items()},
+        lambda key: f"not a key of {sink_type} sinks{did_you_mean(key, options_spec)}",
+        problems,
+    )
+    for key, value in list(values.items()):
+        choices = options_spec[key].choices
+        if choices and value not in choices:
+            problems.append(f"{where}.{key}: must be one of {', '.join(choices)}")
+            del values[key]
+    for key, option in options_spec.items():
+        if option.required and key not in table:
+            problems.append(f"{where}.{key}: missing")
+        elif key not in values and option.default is not None:
+            values[key] = option.default
+    for key in ("max_attempts", "concurrency"):
+        if key in values and values[key] < 1:
+            problems.append(f"{where}.{key}: must be at least 1")
+    rate = values.setdefault("rate_limit_per_second", spec.default_rate)
+    if rate < 0:
+        problems.append(f"{where}.rate_limit_per_second: must be 0 (no limit) or more")
+    else:
+        values["rate_limit_per_second"] = float(rate)
+    if values.get("timeout_seconds", 1) <= 0:
+        problems.append(f"{where}.timeout_seconds: must be positive")
+    if len(problems) > before:
+        return None
+    if spec.check is not None:
+        problems.extend(f"{where}.{problem}" for problem in spec.check(values))
+        if len(problems) > before:
+            return None
+    common = {k: values.pop(k) for k in list(values) if k in COMMON_KEYS}
+    return SinkSettings(**common, options=values)
