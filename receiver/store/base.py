@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from receiver.store.pull import PullStore
+
 DeliveryState = Literal["pending", "done", "dead", "skipped"]
 EventState = Literal["pending", "done", "dead"]
 EVENT_STATES: tuple[EventState, ...] = ("pending", "done", "dead")
@@ -38,6 +40,8 @@ class NewEvent:
     headers: Mapping[str, str]
     received_at: float
     sinks: tuple[str, ...]
+    #: ``webhook``, or ``poll``/``reconcile`` for events the receiver made (receiver.store.pull)
+    source: str = "webhook"
 
 
 @dataclass(frozen=True)
@@ -154,8 +158,10 @@ class Outcome:
     attempted: bool = True
 
 
-class Store(Protocol):
+class Store(PullStore, Protocol):
     """The inbox. Every method is safe to call concurrently from one event loop.
+
+    The watch list and the job-outcome ledger of pull mode are :class:`PullStore`'s half.
 
     Methods raise :class:`~receiver.errors.StoreUnavailable` when the backend cannot be reached
     or written, never a driver exception.

@@ -46,6 +46,9 @@ from receiver.store.base import (
     Outcome,
     event_records,
 )
+from receiver.store.postgres_pull import ADD_EVENT, MIGRATION_2, PostgresPull
+from receiver.store.postgres_pull import command_count as _count
+from receiver.store.pull import outcome_key
 
 T = TypeVar("T")
 
@@ -126,6 +129,7 @@ MIGRATIONS: tuple[Migration, ...] = (
             CREATE_INDEX_DEAD,
         ),
     ),
+    Migration(2, "watch list and job outcomes (pull mode)", MIGRATION_2),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 
@@ -144,23 +148,6 @@ CURRENT_SCHEMA = "SELECT current_schema()"
 SCHEMA_EXISTS = "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)"
 
 # -- statements ---------------------------------------------------------------------------------
-
-# One statement, so one implicit transaction and one round trip: the event, its deliveries
-# and the notification (sent by Postgres on commit, only for a new event).
-ADD_EVENT = """
-WITH ins AS (
-    INSERT INTO events (id, event, job_id, body, headers, received_at, state, next_attempt_at)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-    ON CONFLICT (id) DO NOTHING
-    RETURNING id
-), dels AS (
-    INSERT INTO deliveries (event_id, sink, state, attempts, next_attempt_at, updated_at)
-    SELECT ins.id, s.sink, 'pending', 0, $6, $6 FROM ins, unnest($9::text[]) AS s (sink)
-)
-SELECT count(*) AS added, CASE WHEN count(*) > 0 THEN pg_notify($10, $11) END AS notified
-FROM ins
-"""
-
 
 CLAIM = """
 WITH due AS (
@@ -299,13 +286,7 @@ def _lock_key(schema: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
-def _count(status: str) -> int:
-    """The row count of a command status such as ``UPDATE 3``."""
-    tail = status.rsplit(" ", 1)[-1]
-    return int(tail) if tail.isdigit() else 0
-
-
-class PostgresStore:
+class PostgresStore(PostgresPull):
     """The inbox in a Postgres database, shared safely by any number of receiver processes.
 
     ``settings.pool_size`` caps this process's pooled connections (a process running workers
@@ -542,10 +523,14 @@ class PostgresStore:
             sinks,
             CHANNEL,
             self._schema,
+            outcome_key(event.event, event.job_id),
+            event.source,
         )
 
         async def run(conn: Any) -> bool:
             row = await conn.fetchrow(ADD_EVENT, *args)
+            if row["unseen"]:  # the same job outcome was committed meanwhile: judge it now
+                row = await conn.fetchrow(ADD_EVENT, *args)
             return bool(row["added"])
 
         return await self._run(run)

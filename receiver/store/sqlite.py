@@ -41,6 +41,8 @@ from receiver.store.base import (
     Outcome,
     event_records,
 )
+from receiver.store.pull import admit, outcome_key
+from receiver.store.sqlite_pull import INSERT_OUTCOME, SCHEMA_V2, SqlitePull, held_outcomes
 
 T = TypeVar("T")
 
@@ -95,7 +97,7 @@ SCHEMA_V1: tuple[str, ...] = (
 )
 
 # Migration N (1-based) brings the schema from version N-1 to N; each sets its own user_version.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (SCHEMA_V1,)
+MIGRATIONS: tuple[tuple[str, ...], ...] = (SCHEMA_V1, SCHEMA_V2)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 PRAGMA_FOREIGN_KEYS = "PRAGMA foreign_keys = ON"
@@ -338,6 +340,8 @@ class _Add:
     row: tuple[Any, ...]
     deliveries: list[tuple[Any, ...]]
     future: asyncio.Future[bool]
+    # (key, event id, source, created at) for a job outcome event (see receiver.store.pull).
+    outcome: tuple[str, str, str, float] | None = None
 
     @property
     def id(self) -> str:
@@ -366,7 +370,7 @@ def _settle_futures(results: list[_Result]) -> None:
             future.set_exception(value)
 
 
-class SqliteStore:
+class SqliteStore(SqlitePull):
     """The inbox in one SQLite file (WAL), written by a single group-committing writer thread.
 
     ``path`` overrides the file named by ``settings.url``; ``busy_timeout`` is how long a write
@@ -743,8 +747,10 @@ class SqliteStore:
             received if sinks else None,
         )
         deliveries = [(event.id, sink, received, received) for sink in sinks]
+        key = outcome_key(event.event, event.job_id)
+        outcome = None if key is None else (key, event.id, event.source, received)
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._submit(_Add(row, deliveries, future))
+        self._submit(_Add(row, deliveries, future, outcome))
         return await future
 
     async def claim(
@@ -892,14 +898,23 @@ def _insert_new(conn: sqlite3.Connection, adds: list[_Add]) -> list[_Result]:
     """Insert the events whose id is not stored yet; each add's result is whether it was new."""
     ids = json.dumps([add.id for add in adds])
     seen = {row[0] for row in conn.execute(SELECT_EXISTING_IDS, (ids,))}
+    held = held_outcomes(conn, [add.outcome[0] for add in adds if add.outcome is not None])
     fresh: list[_Add] = []
     results: list[_Result] = []
+    outcomes: list[tuple[str, str, str, float]] = []
     for add in adds:
         is_new = add.id not in seen
+        if is_new and add.outcome is not None:
+            key, _event_id, source, _created = add.outcome
+            is_new, record = admit(held, key, source)
+            if record:
+                outcomes.append(add.outcome)
         results.append((add.future, True, is_new))
         if is_new:
             seen.add(add.id)
             fresh.append(add)
+    if outcomes:
+        conn.executemany(INSERT_OUTCOME, outcomes)
     if fresh:
         _insert_rows(conn, INSERT_EVENTS_HEAD, EVENT_ROW, [add.row for add in fresh])
         deliveries = [row for add in fresh for row in add.deliveries]

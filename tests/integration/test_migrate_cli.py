@@ -4,6 +4,7 @@ import asyncio
 
 import asyncpg
 
+from receiver.store import postgres, sqlite
 from tests.helpers import free_port, write_config
 from tests.integration.test_cli import assert_one_clean_line, run_cli
 from tests.postgres import POSTGRES_URL, fresh_schema, require_postgres
@@ -25,12 +26,14 @@ async def test_migrate_processes_started_together_apply_the_schema_once(tmp_path
 
         assert [code for code, _out, _err in results] == [0] * 4, results
         outs = sorted(out.strip() for _code, out, _err in results)
-        assert sum("migrated from version 0 to 1" in out for out in outs) == 1, outs
-        assert sum("already at version 1" in out for out in outs) == 3, outs
+        latest = postgres.SCHEMA_VERSION
+        assert sum(f"migrated from version 0 to {latest}" in out for out in outs) == 1, outs
+        assert sum(f"already at version {latest}" in out for out in outs) == 3, outs
         assert all(f"(schema {schema})" in out for out in outs)
         conn = await asyncpg.connect(POSTGRES_URL, server_settings={"search_path": schema})
         try:
-            assert await conn.fetchval("SELECT count(*) FROM receiver_schema_migrations") == 1
+            migrations = await conn.fetchval("SELECT count(*) FROM receiver_schema_migrations")
+            assert migrations == postgres.SCHEMA_VERSION
             assert await conn.fetchval("SELECT count(*) FROM events") == 0
         finally:
             await conn.close()
@@ -40,7 +43,8 @@ async def test_migrate_a_sqlite_inbox_creates_it(tmp_path):
     config = store_config(tmp_path, "lite.toml", url="sqlite:///data/inbox.db")
     code, out, err = await run_cli("migrate", "--config", str(config), cwd=tmp_path)
     assert code == 0, err
-    assert out.strip() == "inbox sqlite:///data/inbox.db: schema at version 1"
+    expected = f"inbox sqlite:///data/inbox.db: schema at version {sqlite.SCHEMA_VERSION}"
+    assert out.strip() == expected
     assert (tmp_path / "data" / "inbox.db").is_file()
 
 

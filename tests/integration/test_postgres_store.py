@@ -116,7 +116,8 @@ async def test_without_auto_migrate_a_fresh_schema_is_refused(schema: str) -> No
         await store.open()
 
     report = await store.migrate()
-    assert (report.before, report.after, report.applied) == (0, SCHEMA_VERSION, (1,))
+    assert (report.before, report.after) == (0, SCHEMA_VERSION)
+    assert report.applied == tuple(range(1, SCHEMA_VERSION + 1))
     await store.open()  # up to date now: auto_migrate is not needed
     try:
         assert await store.add_event(new_event("ev-1")) is True
