@@ -414,7 +414,7 @@ async def test_a_role_given_a_ready_made_schema_can_migrate_and_work(schema: str
         store = PostgresStore(store_settings(schema, url=url))
         try:
             report = await store.migrate()
-            assert report.applied == (1,)
+            assert report.applied == tuple(range(1, SCHEMA_VERSION + 1))
             await store.open()
             assert await store.add_event(new_event("ev-1")) is True
         finally:
