@@ -26,11 +26,15 @@ from receiver.listener import PublicRunner
 from receiver.logs import get_logger
 from receiver.metrics import Metrics
 from receiver.ops import Ops
+from receiver.pull.admin import WatchAdmin
+from receiver.pull.poller import Poller
+from receiver.pull.reconcile import Reconciler, reconcile_periodically
 from receiver.secrets import SecretBox
 from receiver.sinks.base import Sink, SinkContext
 from receiver.sinks.loader import build_sinks
 from receiver.store import open_store
 from receiver.store.base import EVENT_STATES, Store
+from receiver.store.pull import WATCH_STATES
 from receiver.upstream import UpstreamClient
 from receiver.watchdog import Watchdog
 from receiver.worker import Worker
@@ -68,6 +72,7 @@ class Runtime:
         self.sinks: list[Sink] = []
         self.session: aiohttp.ClientSession | None = None
         self.worker: Worker | None = None
+        self.poller: Poller | None = None
         self.watchdog: Watchdog | None = None
 
         self.intake: Intake | None = None
@@ -120,6 +125,30 @@ class Runtime:
             clock=self.clock,
         )
         self.worker.start()
+        self.poller = Poller(
+            settings=self.settings,
+            store=self.store,
+            upstream=upstream,
+            metrics=self.metrics,
+            on_event=self.wake_worker,
+            clock=self.clock,
+        )
+        self.poller.start()
+        reconciler = Reconciler(
+            settings=self.settings,
+            store=self.store,
+            upstream=upstream,
+            metrics=self.metrics,
+            on_event=self.wake_worker,
+            clock=self.clock,
+        )
+        for config in self.settings.reconcile:
+            self._tasks.append(
+                asyncio.create_task(
+                    reconcile_periodically(reconciler, config),
+                    name=f"reconcile-{config.collection_id}",
+                )
+            )
 
     def _watchdog(self, upstream: UpstreamClient) -> Watchdog | None:
         """The subscription watchdog, in processes that run workers and have an API key."""
@@ -149,6 +178,7 @@ class Runtime:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        await self._stop_poller()
         if self.worker is not None:
             await self.worker.stop(self.settings.server.shutdown_timeout_seconds)
             self.worker = None
@@ -165,12 +195,22 @@ class Runtime:
 
     async def drain_workers(self, timeout: float) -> None:
         """Stop claiming; give in-flight events ``timeout`` seconds, then cancel and release."""
+        await self._stop_poller()
         if self.worker is not None:
             await self.worker.stop(timeout)
+
+    async def _stop_poller(self) -> None:
+        if self.poller is not None:
+            poller, self.poller = self.poller, None
+            await poller.stop()
 
     def wake_worker(self) -> None:
         if self.worker is not None:
             self.worker.wake()
+
+    def wake_poller(self) -> None:
+        if self.poller is not None:
+            self.poller.wake()
 
     def public_app(self) -> web.Application:
         """The public listener: ``POST {server.path}`` and ``GET /healthz``."""
@@ -204,6 +244,12 @@ class Runtime:
             else None,
             on_redeliver=self.wake_worker,
             clock=self.clock,
+            watch=WatchAdmin(
+                store=self.store,
+                settings=self.settings,
+                on_watch=self.wake_poller,
+                clock=self.clock,
+            ),
         )
 
     async def refresh_gauges(self) -> None:
@@ -212,6 +258,9 @@ class Runtime:
             self.metrics.inbox_events.labels(state).set(counts.get(state, 0))
         age = 0.0 if oldest is None else max(0.0, self.clock() - oldest)
         self.metrics.inbox_oldest_pending_seconds.set(age)
+        watches = await self.store.watch_counts()
+        for watch_state in WATCH_STATES:
+            self.metrics.watched_jobs.labels(watch_state).set(watches.get(watch_state, 0))
 
     async def _refresh_gauges(self) -> None:
         while True:

@@ -83,6 +83,27 @@ class AdminSettings:
 
 
 @dataclass(frozen=True)
+class PullSettings:
+    """``[pull]``: following jobs that send no webhook (see receiver.pull)."""
+
+    concurrency: int = 20
+    wait_seconds: float = 60.0
+    watch_expiry_hours: float = 24.0
+
+
+@dataclass(frozen=True)
+class ReconcileSettings:
+    """One ``[[reconcile]]`` table: a collection whose assets are delivered when missed."""
+
+    collection_id: str
+    interval_minutes: float = 60.0
+
+
+#: The upstream's long-poll ceiling for GET /jobs/{id}?wait=true.
+MAX_WAIT_SECONDS = 120
+
+
+@dataclass(frozen=True)
 class LogSettings:
     level: str = "info"
     format: str = "auto"
@@ -117,11 +138,17 @@ class Settings:
     worker: WorkerSettings = WorkerSettings()
     admin: AdminSettings = AdminSettings()
     log: LogSettings = LogSettings()
+    pull: PullSettings = PullSettings()
     sinks: tuple[SinkSettings, ...] = ()
+    reconcile: tuple[ReconcileSettings, ...] = ()
     source: str = "<defaults>"
 
     def sink_max_attempts(self, sink: SinkSettings) -> int:
         return sink.max_attempts or self.worker.max_attempts
+
+    def sinks_for_event(self, event_name: str) -> tuple[str, ...]:
+        """The names of the sinks whose ``events`` filter takes ``event_name``."""
+        return tuple(s.name for s in self.sinks if s.wants_event(event_name))
 
 
 _SECTIONS: dict[str, type] = {
@@ -132,6 +159,7 @@ _SECTIONS: dict[str, type] = {
     "worker": WorkerSettings,
     "admin": AdminSettings,
     "log": LogSettings,
+    "pull": PullSettings,
 }
 
 
@@ -167,7 +195,7 @@ def parse_settings(
     problems: list[str] = []
     sections: dict[str, Any] = {}
     for key in data:
-        if key not in _SECTIONS and key != "sinks":
+        if key not in _SECTIONS and key not in ("sinks", "reconcile"):
             problems.append(f"{key}: unknown section")
     for name, cls in _SECTIONS.items():
         table = data.get(name, {})
@@ -190,9 +218,10 @@ def parse_settings(
 
     _check_values(sections, problems)
     sinks = _build_sinks(data.get("sinks", []), problems)
+    reconcile = _build_reconcile(data.get("reconcile", []), problems)
     if problems:
         raise ConfigError(problems)
-    return Settings(**sections, sinks=tuple(sinks), source=source)
+    return Settings(**sections, sinks=tuple(sinks), reconcile=reconcile, source=source)
 
 
 def _replace(obj: Any, **changes: Any) -> Any:
@@ -314,12 +343,56 @@ def _check_values(s: dict[str, Any], problems: list[str]) -> None:
         problems.append("worker.lease_seconds: must be at least 5")
     if worker.poll_interval_seconds <= 0:
         problems.append("worker.poll_interval_seconds: must be positive")
+    _check_pull(s["pull"], problems)
     if log.level not in ("debug", "info", "warning", "error"):
         problems.append('log.level: must be "debug", "info", "warning" or "error"')
     if log.format not in ("auto", "json", "console"):
         problems.append('log.format: must be "auto", "json" or "console"')
 
 
+def _check_pull(pull: PullSettings, problems: list[str]) -> None:
+    if pull.concurrency < 1:
+        problems.append("pull.concurrency: must be at least 1")
+    if not 1 <= pull.wait_seconds <= MAX_WAIT_SECONDS:
+        problems.append(
+            f"pull.wait_seconds: must be between 1 and {MAX_WAIT_SECONDS} (the upstream's limit)"
+        )
+    if pull.watch_expiry_hours <= 0:
+        problems.append("pull.watch_expiry_hours: must be positive")
+
+
+def _build_reconcile(raw: Any, problems: list[str]) -> tuple[ReconcileSettings, ...]:
+    if not isinstance(raw, list):
+        problems.append("reconcile: must be an array of tables ([[reconcile]])")
+        return ()
+    out: list[ReconcileSettings] = []
+    for index, table in enumerate(raw):
+        where = f"reconcile[{index}]"
+        if not isinstance(table, dict):
+            problems.append(f"{where}: must be a table")
+            continue
+        before = len(problems)
+        for key in table:
+            if key not in ("collection_id", "interval_minutes"):
+                problems.append(f"{where}.{key}: unknown key")
+        collection = table.get("collection_id")
+        if not isinstance(collection, str) or not _UUID.fullmatch(collection):
+            problems.append(f"{where}.collection_id: must be a collection id (a UUID)")
+        interval = _coerce(
+            f"{where}.interval_minutes",
+            table.get("interval_minutes", 60.0),
+            (float, int),
+            None,
+            problems,
+        )
+        if interval is not None and interval < 1:
+            problems.append(f"{where}.interval_minutes: must be at least 1")
+        if len(problems) == before:
+            out.append(ReconcileSettings(str(collection), float(interval)))
+    return tuple(out)
+
+
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 

@@ -12,6 +12,7 @@ from aiohttp import web
 from receiver.errors import StoreError, UnknownEvent
 from receiver.intake import error_response
 from receiver.metrics import CONTENT_TYPE, Metrics
+from receiver.pull.admin import WatchAdmin
 from receiver.store.base import EVENT_STATES, Store
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -29,6 +30,7 @@ class Ops:
         workers_running: Callable[[], bool] | None,
         on_redeliver: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.time,
+        watch: WatchAdmin | None = None,
     ) -> None:
         self._store = store
         self._metrics = metrics
@@ -36,6 +38,7 @@ class Ops:
         self._workers_running = workers_running
         self._on_redeliver = on_redeliver or (lambda: None)
         self._clock = clock
+        self._watch = watch
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -46,6 +49,7 @@ class Ops:
             web.post("/admin/events/redeliver-dead", self._admin(self.redeliver_dead)),
             web.get("/admin/events/{id}", self._admin(self.show_event)),
             web.post("/admin/events/{id}/redeliver", self._admin(self.redeliver)),
+            *(self._watch.routes(self._admin) if self._watch is not None else ()),
         ]
 
     async def healthz(self, _request: web.Request) -> web.Response:

@@ -85,7 +85,9 @@ class MemoryPull:
             last_error=error,
             updated_at=now,
         )
-        w.next_poll_at = (now if next_poll_at is None else next_poll_at) if state == "watching" else None
+        w.next_poll_at = (
+            (now if next_poll_at is None else next_poll_at) if state == "watching" else None
+        )
         w.lease_owner = w.lease_expires_at = None
 
     async def expire_watches(self, *, now: float) -> int:
