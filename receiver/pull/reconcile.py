@@ -68,6 +68,7 @@ class ReconcileSummary:
     not_ready: int = 0
     skipped: int = 0
     events: int = 0
+    retries: int = 0
     total: int | None = None
 
     def line(self) -> str:
@@ -169,7 +170,7 @@ class Reconciler:
         jobs: dict[str, _Job] = {}
         offset = 0
         while True:
-            page, pagination = await self._page(collection_id, offset)
+            page, pagination = await self._page(collection_id, offset, summary)
             summary.pages += 1
             total = pagination.get("total")
             summary.total = total if isinstance(total, int) else None
@@ -187,7 +188,7 @@ class Reconciler:
         return summary
 
     async def _page(
-        self, collection_id: str, offset: int
+        self, collection_id: str, offset: int, summary: ReconcileSummary
     ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         attempts = 0
         while True:
@@ -205,6 +206,7 @@ class Reconciler:
                     error=exc.message,
                     retry_in=round(decision.delay, 2),
                 )
+                summary.retries += 1
                 await self._sleep(decision.delay)
 
     def _sort(
