@@ -59,6 +59,8 @@ def test_the_dashboard_shows_what_operators_watch():
         "receiver_upstream_request_seconds_bucket",  # upstream latency
         "receiver_upstream_webhook_active",
         "receiver_upstream_webhook_consecutive_failures",
+        "receiver_watched_jobs",  # pull mode
+        "receiver_pull_events_total",
     ):
         assert metric in used, metric
     assert 'outcome=~"missing_signature|invalid_signature|stale_timestamp"' in text
