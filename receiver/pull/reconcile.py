@@ -183,8 +183,6 @@ class Reconciler:
                 break
             offset = int(pagination.get("offset", offset)) + limit
         await self._deliver(jobs, summary, dry_run)
-        if progress is not None:
-            progress(summary)
         return summary
 
     async def _page(
