@@ -136,8 +136,11 @@ class Poller:
             task.add_done_callback(functools.partial(self._forget, watch.job_id))
         return len(claimed)
 
-    def _forget(self, job_id: str, _task: asyncio.Task[None]) -> None:
+    def _forget(self, job_id: str, task: asyncio.Task[None]) -> None:
         self._active.pop(job_id, None)
+        if not task.cancelled() and task.exception() is not None:
+            # Nothing is lost (the lease runs out and the job is polled again), but say so.
+            log.error("polling a watched job crashed", job_id=job_id, exc_info=task.exception())
 
     async def _run(self) -> None:
         failures = 0
