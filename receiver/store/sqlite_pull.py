@@ -8,9 +8,10 @@ inside ``add_event`` lives with the event inserts (:func:`held_outcomes`).
 from __future__ import annotations
 
 import json
-import sqlite3
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
+
+import aiosqlite
 
 from receiver.store.pull import WATCH_COLUMNS, WatchRecord, WatchState, watch_records
 
@@ -118,11 +119,12 @@ WATCH_COUNTS = "SELECT state, count(*) FROM watches GROUP BY state"
 KNOWN_OUTCOMES = "SELECT key FROM job_outcomes WHERE key IN (SELECT value FROM json_each(?))"
 
 
-def held_outcomes(conn: sqlite3.Connection, keys: list[str]) -> dict[str, str]:
-    """The ledger's source for each of ``keys`` it holds (inside the writer's transaction)."""
+async def held_outcomes(conn: aiosqlite.Connection, keys: list[str]) -> dict[str, str]:
+    """The ledger's source for each of ``keys`` it holds (inside the intake transaction)."""
     if not keys:
         return {}
-    return {row[0]: row[1] for row in conn.execute(SELECT_OUTCOMES, (json.dumps(keys),))}
+    rows = await conn.execute_fetchall(SELECT_OUTCOMES, (json.dumps(keys),))
+    return {row[0]: row[1] for row in rows}
 
 
 class SqlitePull:
@@ -130,18 +132,18 @@ class SqlitePull:
 
     if TYPE_CHECKING:
 
-        async def _write_tx(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
+        async def _write_tx(self, fn: Callable[[aiosqlite.Connection], Awaitable[T]]) -> T: ...
 
-        async def _read_tx(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
+        async def _read_tx(self, fn: Callable[[aiosqlite.Connection], Awaitable[T]]) -> T: ...
 
     async def add_watches(
         self, job_ids: list[str], *, now: float, expires_at: float
     ) -> list[WatchRecord]:
         ids = list(dict.fromkeys(job_ids))
 
-        def run(conn: sqlite3.Connection) -> list[WatchRecord]:
-            conn.executemany(ADD_WATCH, [(j, now, expires_at, now, now) for j in ids])
-            rows = conn.execute(SELECT_WATCHES, (json.dumps(ids),)).fetchall()
+        async def run(conn: aiosqlite.Connection) -> list[WatchRecord]:
+            await conn.executemany(ADD_WATCH, [(j, now, expires_at, now, now) for j in ids])
+            rows = await conn.execute_fetchall(SELECT_WATCHES, (json.dumps(ids),))
             by_id = {r.job_id: r for r in watch_records(rows)}
             return [by_id[j] for j in ids]
 
@@ -153,9 +155,11 @@ class SqlitePull:
         if limit <= 0:
             return []
         params = {"owner": owner, "expires": now + lease_seconds, "now": now, "limit": limit}
-        return await self._write_tx(
-            lambda conn: watch_records(conn.execute(CLAIM_WATCHES, params).fetchall())
-        )
+
+        async def run(conn: aiosqlite.Connection) -> list[WatchRecord]:
+            return watch_records(await conn.execute_fetchall(CLAIM_WATCHES, params))
+
+        return await self._write_tx(run)
 
     async def settle_watch(
         self,
@@ -169,33 +173,39 @@ class SqlitePull:
     ) -> None:
         nxt = (now if next_poll_at is None else next_poll_at) if state == "watching" else None
         params = (state, nxt, now, error, now, job_id, owner)
-        await self._write_tx(lambda conn: conn.execute(SETTLE_WATCH, params).rowcount)
+        await self._write_tx(lambda conn: conn.execute(SETTLE_WATCH, params))
 
     async def expire_watches(self, *, now: float) -> int:
-        return await self._write_tx(
-            lambda conn: int(conn.execute(EXPIRE_WATCHES, {"now": now}).rowcount)
-        )
+        async def run(conn: aiosqlite.Connection) -> int:
+            return int((await conn.execute(EXPIRE_WATCHES, {"now": now})).rowcount)
+
+        return await self._write_tx(run)
 
     async def list_watches(
         self, *, state: str | None = None, limit: int = 100, offset: int = 0
     ) -> list[WatchRecord]:
         limit, offset = max(limit, 0), max(offset, 0)
 
-        def run(conn: sqlite3.Connection) -> list[WatchRecord]:
+        async def run(conn: aiosqlite.Connection) -> list[WatchRecord]:
             if state is None:
-                return watch_records(conn.execute(LIST_WATCHES, (limit, offset)))
-            return watch_records(conn.execute(LIST_WATCHES_BY_STATE, (state, limit, offset)))
+                return watch_records(await conn.execute_fetchall(LIST_WATCHES, (limit, offset)))
+            params = (state, limit, offset)
+            return watch_records(await conn.execute_fetchall(LIST_WATCHES_BY_STATE, params))
 
         return await self._read_tx(run)
 
     async def watch_counts(self) -> dict[str, int]:
-        return await self._read_tx(
-            lambda conn: {row[0]: int(row[1]) for row in conn.execute(WATCH_COUNTS)}
-        )
+        async def run(conn: aiosqlite.Connection) -> dict[str, int]:
+            return {row[0]: int(row[1]) for row in await conn.execute_fetchall(WATCH_COUNTS)}
+
+        return await self._read_tx(run)
 
     async def known_outcomes(self, keys: list[str]) -> set[str]:
         if not keys:
             return set()
-        return await self._read_tx(
-            lambda conn: {row[0] for row in conn.execute(KNOWN_OUTCOMES, (json.dumps(keys),))}
-        )
+
+        async def run(conn: aiosqlite.Connection) -> set[str]:
+            rows = await conn.execute_fetchall(KNOWN_OUTCOMES, (json.dumps(keys),))
+            return {row[0] for row in rows}
+
+        return await self._read_tx(run)
