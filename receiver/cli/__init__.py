@@ -17,10 +17,12 @@ from receiver.cli import (
     check_config,
     events,
     migrate,
+    reconcile,
     replay,
     serve,
     sign,
     simulate,
+    watch,
     webhooks,
 )
 from receiver.cli.common import EXIT_FAILED, EXIT_USAGE, Parser
@@ -43,6 +45,9 @@ COMMANDS: dict[str, Command] = {
     "replay": replay,
     "events": events,
     "migrate": migrate,
+    # pull mode: jobs that send no webhook, collections that missed some
+    "watch": watch,
+    "reconcile": reconcile,
     # local testing and the upstream subscription
     "simulate": simulate,
     "webhooks": webhooks,

@@ -35,8 +35,8 @@ def replica_settings(upstream, schema):
             "api": {"base_url": upstream.base_url, "api_key": API_KEY, "timeout_seconds": 5},
             "store": {"url": POSTGRES_URL, "schema": schema, "pool_size": 4},
             "worker": {"poll_interval_seconds": 0.05},
-            # More long-polls allowed than jobs: each replica would happily poll every job.
-            "pull": {"wait_seconds": 1, "concurrency": JOBS * 2},
+            # Neither replica can hold every job, but together they could poll some twice.
+            "pull": {"wait_seconds": 1, "concurrency": JOBS * 2 // 3},
         },
         env={},
     )
