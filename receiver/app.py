@@ -71,6 +71,8 @@ class Runtime:
         self._given_sinks = sinks
         self.sinks: list[Sink] = []
         self.session: aiohttp.ClientSession | None = None
+        #: The process's one upstream API client (set once the runtime is open).
+        self.upstream: UpstreamClient | None = None
         self.worker: Worker | None = None
         self.poller: Poller | None = None
         self.watchdog: Watchdog | None = None
@@ -86,7 +88,7 @@ class Runtime:
     async def __aenter__(self) -> Runtime:
         self.session = aiohttp.ClientSession()
         api = self.settings.api
-        upstream = UpstreamClient(
+        upstream = self.upstream = UpstreamClient(
             session=self.session,
             base_url=api.base_url,
             api_key=api.api_key,

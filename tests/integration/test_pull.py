@@ -4,8 +4,6 @@ the worker and a download sink, all in one process."""
 from __future__ import annotations
 
 import asyncio
-import json
-import time
 import uuid
 
 import pytest
@@ -13,44 +11,25 @@ from structlog.testing import capture_logs
 
 from receiver.app import Runtime
 from receiver.config import parse_settings
-from receiver.signature import webhook_headers
-from receiver.simulator import Simulator
 from tests.helpers import wait_for
-
-SECRET = "whsec_pull"
-API_KEY = "service_" + "cd" * 32
+from tests.integration.pull_support import (
+    SECRET,
+    metric,
+    receiver_config,
+    send_webhook,
+    serve_simulator,
+    successes,
+)
 
 
 @pytest.fixture
 async def upstream(aiohttp_server):
-    sim = Simulator(api_key=API_KEY, seed=11)
-    server = await aiohttp_server(sim.create_app())
-    sim.base_url = str(server.make_url("/v1"))
-    return sim
+    return await serve_simulator(aiohttp_server, seed=11)
 
 
 def make_settings(tmp_path, upstream, **pull):
     return parse_settings(
-        {
-            "webhook": {"secrets": [SECRET]},
-            "api": {"base_url": upstream.base_url, "api_key": API_KEY, "timeout_seconds": 5},
-            "store": {"url": f"sqlite:///{tmp_path}/inbox.db"},
-            "worker": {
-                "backoff_initial_seconds": 0.05,
-                "backoff_max_seconds": 0.2,
-                "poll_interval_seconds": 0.05,
-            },
-            "pull": {"wait_seconds": 2, **pull},
-            "sinks": [
-                {
-                    "name": "files",
-                    "type": "download",
-                    "directory": str(tmp_path / "dl"),
-                    "allow_private_networks": True,
-                }
-            ],
-        },
-        env={},
+        receiver_config(tmp_path, upstream, pull={"wait_seconds": 2, **pull}), env={}
     )
 
 
@@ -62,16 +41,6 @@ async def pulling(aiohttp_client, tmp_path, upstream):
             public = await aiohttp_client(runtime.public_app())
             ops = await aiohttp_client(runtime.ops_app())
             yield runtime, public, ops, upstream
-
-
-async def send(client, payload):
-    body = json.dumps(payload).encode()
-    headers = webhook_headers(
-        SECRET, body, int(time.time()), event_id=payload["id"], event_name=payload["event"]
-    )
-    response = await client.post("/webhooks", data=body, headers=headers)
-    assert response.status == 200, await response.text()
-    return await response.json()
 
 
 async def watch(ops, *job_ids):
@@ -102,16 +71,6 @@ async def delivered(runtime, job_id, timeout=20.0):
 
     await wait_for(check, timeout, what=f"job {job_id} delivered")
     return await job_events(runtime, job_id)
-
-
-def metric(runtime, name, labels=None):
-    return runtime.metrics.registry.get_sample_value(name, labels or {}) or 0.0
-
-
-def successes(runtime):
-    return metric(
-        runtime, "receiver_sink_deliveries_total", {"sink": "files", "outcome": "success"}
-    )
 
 
 def long_polls(sim):
@@ -167,7 +126,7 @@ async def test_a_failed_job_becomes_job_failed(pulling):
 async def test_webhook_first_then_watch_reaches_the_sink_once(pulling):
     runtime, public, ops, sim = pulling
     payload = sim.add_job("logo")
-    await send(public, payload)
+    await send_webhook(public, payload)
     await delivered(runtime, payload["job_id"])
 
     await watch(ops, payload["job_id"])
@@ -187,7 +146,7 @@ async def test_watch_first_then_webhook_reaches_the_sink_once(pulling):
     await watch_state(runtime, payload["job_id"], "done")
     await delivered(runtime, payload["job_id"])
 
-    answer = await send(public, payload)
+    answer = await send_webhook(public, payload)
     assert answer["duplicate"] is True
     await runtime.worker.run_until_idle()
     (event,) = await job_events(runtime, payload["job_id"])
@@ -204,7 +163,7 @@ async def test_watch_and_webhook_at_the_same_moment_reach_the_sink_once(pulling)
 
     async def finish(job_id):
         payload = sim.complete_job(job_id)  # the long-poll answers now ...
-        await send(public, payload)  # ... while the webhook arrives
+        await send_webhook(public, payload)  # ... while the webhook arrives
 
     await asyncio.gather(*(finish(job_id) for job_id in jobs))
     for job_id in jobs:

@@ -10,38 +10,18 @@ from structlog.testing import capture_logs
 
 from receiver.app import Runtime
 from receiver.config import parse_settings
-from receiver.simulator import Simulator
-from tests.helpers import free_port, wait_for, write_config
+from tests.helpers import wait_for, write_config
+from tests.integration.pull_support import receiver_config, serve_simulator
 from tests.integration.test_cli import assert_one_clean_line, run_cli
-
-API_KEY = "service_" + "3d" * 32
 
 
 @pytest.fixture
 async def upstream(aiohttp_server):
-    sim = Simulator(api_key=API_KEY, seed=31)
-    server = await aiohttp_server(sim.create_app())
-    sim.base_url = str(server.make_url("/v1"))
-    return sim
+    return await serve_simulator(aiohttp_server, seed=31)
 
 
 def config_data(tmp_path, upstream):
-    return {
-        "webhook": {"secrets": ["whsec_watch_cli"]},
-        "api": {"base_url": upstream.base_url, "api_key": API_KEY, "timeout_seconds": 5},
-        "store": {"url": f"sqlite:///{tmp_path}/inbox.db"},
-        "worker": {"poll_interval_seconds": 0.05},
-        "pull": {"wait_seconds": 2},
-        "admin": {"port": free_port()},
-        "sinks": [
-            {
-                "name": "files",
-                "type": "download",
-                "directory": str(tmp_path / "dl"),
-                "allow_private_networks": True,
-            }
-        ],
-    }
+    return receiver_config(tmp_path, upstream, pull={"wait_seconds": 2})
 
 
 @pytest.mark.parametrize(

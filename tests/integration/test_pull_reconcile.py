@@ -5,56 +5,46 @@ summary while the receiver serves."""
 
 from __future__ import annotations
 
-import json
-import time
 import uuid
 
-import aiohttp
 import pytest
 from structlog.testing import capture_logs
 
 from receiver.app import Runtime
 from receiver.config import parse_settings
 from receiver.pull.reconcile import Reconciler
-from receiver.signature import webhook_headers
-from receiver.simulator import Simulator
-from receiver.upstream import UpstreamClient
-from tests.helpers import free_port, wait_for, write_config
+from tests.helpers import wait_for, write_config
+from tests.integration.pull_support import (
+    SECRET,
+    metric,
+    receiver_config,
+    send_webhook,
+    serve_simulator,
+    successes,
+)
 from tests.integration.test_cli import assert_one_clean_line, run_cli
 
-SECRET = "whsec_reconcile"
-API_KEY = "service_" + "9b" * 32
 COLLECTION = "3f1c2a4e-5b6d-4e7f-8a9b-0c1d2e3f4a5b"
 
 
 @pytest.fixture
 async def upstream(aiohttp_server):
-    sim = Simulator(api_key=API_KEY, seed=29)
-    server = await aiohttp_server(sim.create_app())
-    sim.base_url = str(server.make_url("/v1"))
-    return sim
+    return await serve_simulator(aiohttp_server, seed=29)
 
 
-def config_data(tmp_path, upstream):
-    return {
-        "webhook": {"secrets": [SECRET]},
-        "api": {"base_url": upstream.base_url, "api_key": API_KEY, "timeout_seconds": 5},
-        "store": {"url": f"sqlite:///{tmp_path}/inbox.db"},
-        "worker": {
-            "backoff_initial_seconds": 0.05,
-            "backoff_max_seconds": 0.2,
-            "poll_interval_seconds": 0.05,
-        },
-        "admin": {"port": free_port()},
-        "sinks": [
-            {
-                "name": "files",
-                "type": "download",
-                "directory": str(tmp_path / "dl"),
-                "allow_private_networks": True,
-            }
-        ],
-    }
+config_data = receiver_config
+
+
+def reconciler_for(runtime, **options):
+    """A reconciler on the running receiver's store, upstream client and worker."""
+    return Reconciler(
+        settings=runtime.settings,
+        store=runtime.store,
+        upstream=runtime.upstream,
+        metrics=runtime.metrics,
+        on_event=runtime.wake_worker,
+        **options,
+    )
 
 
 @pytest.fixture
@@ -64,15 +54,6 @@ async def serving(aiohttp_client, tmp_path, upstream):
         async with runtime:
             public = await aiohttp_client(runtime.public_app())
             yield runtime, public, upstream
-
-
-async def send(client, payload):
-    body = json.dumps(payload).encode()
-    headers = webhook_headers(
-        SECRET, body, int(time.time()), event_id=payload["id"], event_name=payload["event"]
-    )
-    response = await client.post("/webhooks", data=body, headers=headers)
-    assert response.status == 200, await response.text()
 
 
 def collection_of(sim, *, webhooked=30, processing=5, total_jobs=125):
@@ -89,15 +70,6 @@ def files(root):
     return sorted(p.name for p in root.rglob("*") if p.is_file())
 
 
-def successes(runtime):
-    return (
-        runtime.metrics.registry.get_sample_value(
-            "receiver_sink_deliveries_total", {"sink": "files", "outcome": "success"}
-        )
-        or 0
-    )
-
-
 async def idle(runtime):
     async def no_pending() -> bool:
         counts, _oldest = await runtime.store.counts()
@@ -110,25 +82,15 @@ async def test_a_reconcile_delivers_what_is_missing_once(serving, tmp_path):
     runtime, public, sim = serving
     webhooked, payloads = collection_of(sim)
     for payload in webhooked:
-        await send(public, payload)
+        await send_webhook(public, payload)
     await idle(runtime)
     assert len(files(tmp_path / "dl")) == 60
 
-    async with aiohttp.ClientSession() as session:
-        upstream = UpstreamClient(
-            session=session, base_url=sim.base_url, api_key=API_KEY, timeout=5
-        )
-        reconciler = Reconciler(
-            settings=runtime.settings,
-            store=runtime.store,
-            upstream=upstream,
-            metrics=runtime.metrics,
-            on_event=runtime.wake_worker,
-        )
-        pages = []
-        first = await reconciler.run(COLLECTION, progress=lambda s: pages.append(s.pages))
-        await idle(runtime)
-        second = await reconciler.run(COLLECTION)
+    reconciler = reconciler_for(runtime)
+    pages = []
+    first = await reconciler.run(COLLECTION, progress=lambda s: pages.append(s.pages))
+    await idle(runtime)
+    second = await reconciler.run(COLLECTION)
 
     assert sim.requests["GET /v1/collections/{id}/assets"] == 6  # 3 pages, twice
     assert pages[:3] == [1, 2, 3]
@@ -153,24 +115,15 @@ async def test_a_reconcile_delivers_what_is_missing_once(serving, tmp_path):
     )
     assert names == expected
     assert successes(runtime) == 30 + 90  # every job's files delivered once
-    assert (
-        runtime.metrics.registry.get_sample_value(
-            "receiver_pull_events_total", {"source": "reconcile"}
-        )
-        == 90
-    )
+    assert metric(runtime, "receiver_pull_events_total", {"source": "reconcile"}) == 90
 
     # The jobs still running finish: the next run delivers them, and only them.
     for payload in payloads[-5:]:
         sim.complete_job(payload["job_id"])
-    async with aiohttp.ClientSession() as session:
-        upstream = UpstreamClient(
-            session=session, base_url=sim.base_url, api_key=API_KEY, timeout=5
-        )
-        reconciler = Reconciler(settings=runtime.settings, store=runtime.store, upstream=upstream)
-        third = await reconciler.run(COLLECTION, dry_run=True)
-        assert (third.newly_delivered, third.events) == (10, 0)
-        third = await reconciler.run(COLLECTION)
+    reconciler = reconciler_for(runtime)
+    third = await reconciler.run(COLLECTION, dry_run=True)
+    assert (third.newly_delivered, third.events) == (10, 0)
+    third = await reconciler.run(COLLECTION)
     runtime.wake_worker()
     await idle(runtime)
     assert (third.newly_delivered, third.not_ready, third.events) == (10, 0, 5)
@@ -186,12 +139,8 @@ async def test_files_a_download_sink_already_holds_count_as_delivered(serving, t
         path = tmp_path / "dl" / COLLECTION / str(job.item_name) / f"{kind}-{asset_id}.png"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"written by an earlier run")
-    async with aiohttp.ClientSession() as session:
-        upstream = UpstreamClient(
-            session=session, base_url=sim.base_url, api_key=API_KEY, timeout=5
-        )
-        reconciler = Reconciler(settings=runtime.settings, store=runtime.store, upstream=upstream)
-        summary = await reconciler.run(COLLECTION)
+    reconciler = reconciler_for(runtime)
+    summary = await reconciler.run(COLLECTION)
     assert (summary.already_delivered, summary.newly_delivered) == (2, 4)
     assert {e.job_id for e in await runtime.store.list()} == {p["job_id"] for p in payloads[1:]}
 
@@ -205,14 +154,8 @@ async def test_429_with_retry_after_on_a_page_is_waited_out(serving):
     async def sleep(seconds):
         waits.append(seconds)
 
-    async with aiohttp.ClientSession() as session:
-        upstream = UpstreamClient(
-            session=session, base_url=sim.base_url, api_key=API_KEY, timeout=5
-        )
-        reconciler = Reconciler(
-            settings=runtime.settings, store=runtime.store, upstream=upstream, sleep=sleep
-        )
-        summary = await reconciler.run(COLLECTION)
+    reconciler = reconciler_for(runtime, sleep=sleep)
+    summary = await reconciler.run(COLLECTION)
     assert summary.seen == 120 and summary.newly_delivered == 120
     assert summary.retries == 2
     assert len(waits) == 2 and all(w >= 1 for w in waits)  # not the 0.05 s backoff
