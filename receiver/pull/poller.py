@@ -43,7 +43,7 @@ MIN_POLL_INTERVAL_SECONDS = 1.0
 #: A lease outlives the long-poll (plus the request timeout) by this much.
 LEASE_MARGIN_SECONDS = 30.0
 #: Expired watches are looked for at most this often.
-EXPIRE_EVERY_SECONDS = 30.0
+EXPIRE_EVERY_SECONDS = 5.0
 
 
 class JobPoller(Protocol):

@@ -258,3 +258,21 @@ async def test_429_retry_after_on_the_long_poll_is_honoured(pulling):
     await watch_state(runtime, job_id, "done", timeout=10)
     await delivered(runtime, job_id)
     assert long_polls(sim) == 3  # the 429, the poll after Retry-After, the worker's fetch
+
+
+async def test_a_watch_that_never_finishes_ends_expired(aiohttp_client, tmp_path, upstream):
+    settings = make_settings(tmp_path, upstream, wait_seconds=1, watch_expiry_hours=0.0005)
+    job_id = upstream.add_job("logo", status="processing")["job_id"]
+    with capture_logs() as logs:
+        async with Runtime(settings) as runtime:
+            ops = await aiohttp_client(runtime.ops_app())
+            await watch(ops, job_id)
+            await watch_state(runtime, job_id, "expired", timeout=15)
+            (row,) = (await (await ops.get("/admin/watch")).json())["data"]
+            assert row["state"] == "expired" and row["polls"] >= 1
+            await runtime.refresh_gauges()
+            assert metric(runtime, "receiver_watched_jobs", {"state": "expired"}) == 1
+            polls = long_polls(upstream)
+            await asyncio.sleep(1.5)
+            assert long_polls(upstream) == polls  # no longer polled
+    assert any(line["event"] == "watched jobs expired without finishing" for line in logs)

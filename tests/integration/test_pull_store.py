@@ -96,6 +96,19 @@ async def test_a_webhook_and_a_poll_racing_store_one_event(
         assert len(await events_of(stores[0], job_id)) == 1
 
 
+async def test_two_webhooks_of_one_outcome_racing_are_both_stored(
+    backend: str, open_backend: StoreFactory
+) -> None:
+    stores = await two_stores(backend, open_backend)
+    for round_ in range(20):
+        job_id = f"{round_:08d}-aaaa-4a57-9d4f-1f0e6a2b9c11"
+        results = await asyncio.gather(
+            stores[0].add_event(outcome(f"a-{round_}", "webhook", job_id=job_id)),
+            stores[1].add_event(outcome(f"b-{round_}", "webhook", job_id=job_id)),
+        )
+        assert results == [True, True], round_
+
+
 # -- the watch list -----------------------------------------------------------------------------
 
 
