@@ -12,7 +12,14 @@ import sys
 import time
 from typing import Any, TextIO
 
-from receiver.cli.common import EXIT_USAGE, quiet_logs, run_async, settings_from, with_config
+from receiver.cli.common import (
+    EXIT_USAGE,
+    CommandError,
+    quiet_logs,
+    run_async,
+    settings_from,
+    with_config,
+)
 from receiver.config import Settings
 from receiver.pull.reconcile import Reconciler, ReconcileSummary, parse_since
 from receiver.store.pull import valid_job_id
@@ -55,6 +62,10 @@ def run(args: argparse.Namespace) -> int:
             )
             return EXIT_USAGE
     settings = settings_from(args)
+    if settings.store.url.startswith("memory://"):
+        raise CommandError(
+            "reconcile: a memory:// inbox lives inside the running receiver; use [[reconcile]]"
+        )
     quiet_logs()
     bar = ProgressBar(sys.stderr)
     summary: ReconcileSummary = run_async(
