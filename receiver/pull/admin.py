@@ -41,7 +41,8 @@ class WatchAdmin:
         ]
 
     async def add_watches(self, request: web.Request) -> web.Response:
-        """``{"job_ids": [...]}`` -> 202 ``{"watching": [<watch>...]}``; 400 for a bad body."""
+        """``{"job_ids": [...]}`` -> 202 ``{"watching": [<job id>...], "data": [<watch>...]}``
+        (each job's watch as it now is: a job already done stays done); 400 for a bad body."""
         try:
             body = await request.json()
         except ValueError:
@@ -60,7 +61,10 @@ class WatchAdmin:
         except BadJobId as exc:
             return error_response(400, "invalid_request", str(exc))
         self._on_watch()
-        return web.json_response({"watching": [r.as_json() for r in records]}, status=202)
+        return web.json_response(
+            {"watching": [r.job_id for r in records], "data": [r.as_json() for r in records]},
+            status=202,
+        )
 
     async def list_watches(self, request: web.Request) -> web.Response:
         """The watch list, newest first; ``?state=``, ``limit`` (1..1000), ``offset``."""

@@ -46,7 +46,9 @@ async def pulling(aiohttp_client, tmp_path, upstream):
 async def watch(ops, *job_ids):
     response = await ops.post("/admin/watch", json={"job_ids": list(job_ids)})
     assert response.status == 202, await response.text()
-    return (await response.json())["watching"]
+    answer = await response.json()
+    assert answer["watching"] == [job_id.lower() for job_id in dict.fromkeys(job_ids)]
+    return answer["data"]
 
 
 async def watch_state(runtime, job_id, state, timeout=20.0):
