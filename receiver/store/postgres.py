@@ -46,7 +46,7 @@ from receiver.store.base import (
     Outcome,
     event_records,
 )
-from receiver.store.postgres_pull import ADD_EVENT, MIGRATION_2, PostgresPull
+from receiver.store.postgres_pull import ADD_EVENT, PULL_SCHEMA, PostgresPull
 from receiver.store.postgres_pull import command_count as _count
 from receiver.store.pull import outcome_key
 
@@ -129,7 +129,7 @@ MIGRATIONS: tuple[Migration, ...] = (
             CREATE_INDEX_DEAD,
         ),
     ),
-    Migration(2, "watch list and job outcomes (pull mode)", MIGRATION_2),
+    Migration(2, "watch list and job outcomes (pull mode)", PULL_SCHEMA),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

@@ -1,7 +1,7 @@
 """The Postgres inbox's pull-mode tables and queries (see :mod:`receiver.store.pull`).
 
 Kept apart from :mod:`receiver.store.postgres`: the watch list and the job-outcome ledger have
-their own tables (migration 2) and statements. Watch claims lock rows with ``FOR UPDATE SKIP
+their own tables (:data:`PULL_SCHEMA`, one migration) and statements. Watch claims lock rows with ``FOR UPDATE SKIP
 LOCKED`` and lease them, so replicas sharing the inbox never poll one job at the same time. The
 outcome check of ``add_event`` is :data:`ADD_EVENT` here, one statement as before.
 """
@@ -50,7 +50,7 @@ SELECT event || ' ' || job_id, min(id), 'webhook', min(received_at) FROM events
 WHERE event IN ('job.completed', 'job.failed')
 GROUP BY event, job_id
 """
-MIGRATION_2: tuple[str, ...] = (
+PULL_SCHEMA: tuple[str, ...] = (
     CREATE_WATCHES,
     CREATE_INDEX_WATCHES_DUE,
     CREATE_INDEX_WATCHES_SINCE,

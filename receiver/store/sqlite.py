@@ -40,7 +40,7 @@ from receiver.store.base import (
 )
 from receiver.store.batching import GroupCommit
 from receiver.store.pull import admit, outcome_key
-from receiver.store.sqlite_pull import INSERT_OUTCOME, SCHEMA_V2, SqlitePull, held_outcomes
+from receiver.store.sqlite_pull import INSERT_OUTCOME, PULL_SCHEMA, SqlitePull, held_outcomes
 
 T = TypeVar("T")
 
@@ -93,6 +93,9 @@ SCHEMA_V1: tuple[str, ...] = (
     CREATE_INDEX_DEAD,
     "PRAGMA user_version = 1",
 )
+
+# Version 2: the watch list and the job-outcome ledger of pull mode (receiver.store.sqlite_pull).
+SCHEMA_V2: tuple[str, ...] = (*PULL_SCHEMA, "PRAGMA user_version = 2")
 
 # Migration N (1-based) brings the schema from version N-1 to N; each sets its own user_version.
 MIGRATIONS: tuple[tuple[str, ...], ...] = (SCHEMA_V1, SCHEMA_V2)

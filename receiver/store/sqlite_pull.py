@@ -1,7 +1,7 @@
 """The SQLite inbox's pull-mode tables and queries (see :mod:`receiver.store.pull`).
 
 Kept apart from :mod:`receiver.store.sqlite`: the watch list and the job-outcome ledger have
-their own tables, added by schema version 2, and their own statements. Only the outcome check
+their own tables (:data:`PULL_SCHEMA`, one migration) and their own statements. Only the outcome check
 inside ``add_event`` lives with the event inserts (:func:`held_outcomes`).
 """
 
@@ -51,13 +51,13 @@ WHERE event IN ('job.completed', 'job.failed')
 GROUP BY event, job_id
 """
 
-SCHEMA_V2: tuple[str, ...] = (
+# The migration's statements; receiver.store.sqlite adds the user_version it brings.
+PULL_SCHEMA: tuple[str, ...] = (
     CREATE_WATCHES,
     CREATE_INDEX_WATCHES_DUE,
     CREATE_INDEX_WATCHES_SINCE,
     CREATE_JOB_OUTCOMES,
     BACKFILL_JOB_OUTCOMES,
-    "PRAGMA user_version = 2",
 )
 
 SELECT_OUTCOMES = """
