@@ -1,9 +1,10 @@
 """The Postgres inbox's pull-mode tables and queries (see :mod:`receiver.store.pull`).
 
 Kept apart from :mod:`receiver.store.postgres`: the watch list and the job-outcome ledger have
-their own tables (:data:`PULL_SCHEMA`, one migration) and statements. Watch claims lock rows with ``FOR UPDATE SKIP
-LOCKED`` and lease them, so replicas sharing the inbox never poll one job at the same time. The
-outcome check of ``add_event`` is :data:`ADD_EVENT` here, one statement as before.
+their own tables (:data:`PULL_SCHEMA`, one migration) and statements. Watch claims lock rows
+with ``FOR UPDATE SKIP LOCKED`` and lease them, so replicas sharing the inbox never poll one job
+at the same time. The outcome check of ``add_event`` is :data:`ADD_EVENT` here, one statement
+as before.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The SQLite inbox's pull-mode tables and queries (see :mod:`receiver.store.pull`).
 
 Kept apart from :mod:`receiver.store.sqlite`: the watch list and the job-outcome ledger have
-their own tables (:data:`PULL_SCHEMA`, one migration) and their own statements. Only the outcome check
-inside ``add_event`` lives with the event inserts (:func:`held_outcomes`).
+their own tables (:data:`PULL_SCHEMA`, one migration) and their own statements. Only the
+outcome check inside ``add_event`` lives with the event inserts (:func:`held_outcomes`).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from typing import Any
 
 from receiver.signature import webhook_headers
 from receiver.simulator import Simulator
-from tests.helpers import free_port
+from tests.helpers import free_port, wait_for
 
 SECRET = "whsec_pull"
 API_KEY = "service_" + "cd" * 32
@@ -58,6 +58,16 @@ async def send_webhook(client: Any, payload: dict[str, Any]) -> dict[str, Any]:
     assert response.status == 200, await response.text()
     answer: dict[str, Any] = await response.json()
     return answer
+
+
+async def idle(runtime: Any, timeout: float = 30.0) -> None:
+    """Wait until the inbox has no event pending (every delivery done, dead or skipped)."""
+
+    async def no_pending() -> bool:
+        counts, _oldest = await runtime.store.counts()
+        return bool(counts["pending"] == 0)
+
+    await wait_for(no_pending, timeout, what="every event processed")
 
 
 def metric(runtime: Any, name: str, labels: dict[str, str] | None = None) -> float:

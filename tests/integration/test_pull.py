@@ -14,6 +14,7 @@ from receiver.config import parse_settings
 from tests.helpers import wait_for
 from tests.integration.pull_support import (
     SECRET,
+    idle,
     metric,
     receiver_config,
     send_webhook,
@@ -133,7 +134,7 @@ async def test_webhook_first_then_watch_reaches_the_sink_once(pulling):
 
     await watch(ops, payload["job_id"])
     await watch_state(runtime, payload["job_id"], "done")
-    await runtime.worker.run_until_idle()
+    await idle(runtime)
     assert [e.id for e in await job_events(runtime, payload["job_id"])] == [payload["id"]]
     assert successes(runtime) == 1
     assert metric(runtime, "receiver_pull_events_total", {"source": "webhook"}) == 1
@@ -150,7 +151,7 @@ async def test_watch_first_then_webhook_reaches_the_sink_once(pulling):
 
     answer = await send_webhook(public, payload)
     assert answer["duplicate"] is True
-    await runtime.worker.run_until_idle()
+    await idle(runtime)
     (event,) = await job_events(runtime, payload["job_id"])
     assert event.payload()["source"] == "poll"
     assert successes(runtime) == 1
@@ -171,7 +172,7 @@ async def test_watch_and_webhook_at_the_same_moment_reach_the_sink_once(pulling)
     for job_id in jobs:
         assert len(await delivered(runtime, job_id)) == 1
         await watch_state(runtime, job_id, "done")
-    await runtime.worker.run_until_idle()
+    await idle(runtime)
     assert successes(runtime) == len(jobs)
     by_source = {
         source: metric(runtime, "receiver_pull_events_total", {"source": source})

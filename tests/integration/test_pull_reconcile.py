@@ -13,9 +13,10 @@ from structlog.testing import capture_logs
 from receiver.app import Runtime
 from receiver.config import parse_settings
 from receiver.pull.reconcile import Reconciler
-from tests.helpers import wait_for, write_config
+from tests.helpers import write_config
 from tests.integration.pull_support import (
     SECRET,
+    idle,
     metric,
     receiver_config,
     send_webhook,
@@ -68,14 +69,6 @@ def collection_of(sim, *, webhooked=30, processing=5, total_jobs=125):
 
 def files(root):
     return sorted(p.name for p in root.rglob("*") if p.is_file())
-
-
-async def idle(runtime):
-    async def no_pending() -> bool:
-        counts, _oldest = await runtime.store.counts()
-        return counts["pending"] == 0
-
-    await wait_for(no_pending, 30, what="every event processed")
 
 
 async def test_a_reconcile_delivers_what_is_missing_once(serving, tmp_path):
