@@ -12,7 +12,14 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from receiver.store.pull import WATCH_COLUMNS, WatchRecord, WatchState, watch_records
+from receiver.store.pull import (
+    BACKFILL_JOB_OUTCOMES,
+    REARM_WATCH,
+    WATCH_COLUMNS,
+    WatchRecord,
+    WatchState,
+    watch_records,
+)
 
 T = TypeVar("T")
 
@@ -43,13 +50,6 @@ CREATE TABLE job_outcomes (
     source     text NOT NULL,
     created_at double precision NOT NULL
 )
-"""
-# Outcomes already in the inbox when the ledger is created came by webhook.
-BACKFILL_JOB_OUTCOMES = """
-INSERT INTO job_outcomes (key, event_id, source, created_at)
-SELECT event || ' ' || job_id, min(id), 'webhook', min(received_at) FROM events
-WHERE event IN ('job.completed', 'job.failed')
-GROUP BY event, job_id
 """
 PULL_SCHEMA: tuple[str, ...] = (
     CREATE_WATCHES,
@@ -91,15 +91,13 @@ SELECT count(*) AS added, CASE WHEN count(*) > 0 THEN pg_notify($10, $11) END AS
 FROM ins
 """
 
-ADD_WATCHES = """
+ADD_WATCHES = (
+    """
 INSERT INTO watches (job_id, state, since, expires_at, next_poll_at, polls, updated_at)
 SELECT j, 'watching', $2, $3, $2, 0, $2 FROM unnest($1::text[]) AS j
-ON CONFLICT (job_id) DO UPDATE SET
-    state = 'watching', since = excluded.since, expires_at = excluded.expires_at,
-    next_poll_at = excluded.next_poll_at, last_polled_at = NULL, polls = 0, last_error = NULL,
-    updated_at = excluded.updated_at, lease_owner = NULL, lease_expires_at = NULL
-WHERE watches.state IN ('expired', 'not_found')
 """
+    + REARM_WATCH
+)
 SELECT_WATCHES = "SELECT " + WATCH_COLUMNS + " FROM watches WHERE job_id = ANY($1::text[])"
 
 CLAIM_WATCHES = """

@@ -43,6 +43,27 @@ SOURCES = ("webhook", "poll", "reconcile")
 WEBHOOK = "webhook"
 
 
+# -- SQL both SQL backends run as it is --------------------------------------------------------
+
+# Outcomes already in the inbox when the ledger is created came by webhook.
+BACKFILL_JOB_OUTCOMES = """
+INSERT INTO job_outcomes (key, event_id, source, created_at)
+SELECT event || ' ' || job_id, min(id), 'webhook', min(received_at) FROM events
+WHERE event IN ('job.completed', 'job.failed')
+GROUP BY event, job_id
+"""
+
+# The tail of adding a watch: a watch that ended expired or not_found starts again; a watch
+# still watching or done stays as it is.
+REARM_WATCH = """
+ON CONFLICT (job_id) DO UPDATE SET
+    state = 'watching', since = excluded.since, expires_at = excluded.expires_at,
+    next_poll_at = excluded.next_poll_at, last_polled_at = NULL, polls = 0, last_error = NULL,
+    updated_at = excluded.updated_at, lease_owner = NULL, lease_expires_at = NULL
+WHERE watches.state IN ('expired', 'not_found')
+"""
+
+
 def outcome_key(event: str, job_id: str) -> str | None:
     """The job-outcome key of an event (``"job.completed <job id>"``), None for other events."""
     return f"{event} {job_id}" if event in OUTCOME_EVENTS else None

@@ -13,7 +13,14 @@ from typing import TYPE_CHECKING, TypeVar
 
 import aiosqlite
 
-from receiver.store.pull import WATCH_COLUMNS, WatchRecord, WatchState, watch_records
+from receiver.store.pull import (
+    BACKFILL_JOB_OUTCOMES,
+    REARM_WATCH,
+    WATCH_COLUMNS,
+    WatchRecord,
+    WatchState,
+    watch_records,
+)
 
 T = TypeVar("T")
 
@@ -43,13 +50,6 @@ CREATE TABLE job_outcomes (
     created_at REAL NOT NULL
 ) WITHOUT ROWID
 """
-# Outcomes already in the inbox when the ledger is created came by webhook.
-BACKFILL_JOB_OUTCOMES = """
-INSERT INTO job_outcomes (key, event_id, source, created_at)
-SELECT event || ' ' || job_id, min(id), 'webhook', min(received_at) FROM events
-WHERE event IN ('job.completed', 'job.failed')
-GROUP BY event, job_id
-"""
 
 # The migration's statements; receiver.store.sqlite adds the user_version it brings.
 PULL_SCHEMA: tuple[str, ...] = (
@@ -67,16 +67,13 @@ INSERT_OUTCOME = """
 INSERT INTO job_outcomes (key, event_id, source, created_at) VALUES (?, ?, ?, ?)
 """
 
-# A new watch; a watch that ended expired or not_found starts again; others stay as they are.
-ADD_WATCH = """
+ADD_WATCH = (
+    """
 INSERT INTO watches (job_id, state, since, expires_at, next_poll_at, polls, updated_at)
 VALUES (?, 'watching', ?, ?, ?, 0, ?)
-ON CONFLICT (job_id) DO UPDATE SET
-    state = 'watching', since = excluded.since, expires_at = excluded.expires_at,
-    next_poll_at = excluded.next_poll_at, last_polled_at = NULL, polls = 0, last_error = NULL,
-    updated_at = excluded.updated_at, lease_owner = NULL, lease_expires_at = NULL
-WHERE watches.state IN ('expired', 'not_found')
 """
+    + REARM_WATCH
+)
 SELECT_WATCHES = (
     "SELECT " + WATCH_COLUMNS + " FROM watches WHERE job_id IN (SELECT value FROM json_each(?))"
 )
