@@ -126,10 +126,11 @@ image-smoke:  ## the Dockerfile's build steps in a throwaway virtualenv
 # --- Postgres: the store contract, outages, migrations and three replicas on one inbox --------
 .PHONY: test-postgres
 test-postgres: $(VENV)/.installed-dev  ## the Postgres tests alone (PostgreSQL on 127.0.0.1:5432)
-	RECEIVER_REQUIRE_SERVICES=1 $(BIN)/pytest -q -k postgres tests/integration/test_store_contract.py
+	RECEIVER_REQUIRE_SERVICES=1 $(BIN)/pytest -q -k postgres tests/integration/test_store_contract.py \
+		tests/integration/test_pull_store.py
 	RECEIVER_REQUIRE_SERVICES=1 $(BIN)/pytest -q tests/integration/test_migrate_cli.py \
 		tests/integration/test_postgres_store.py tests/integration/test_postgres_outage.py \
-		tests/integration/test_postgres_replicas.py
+		tests/integration/test_postgres_replicas.py tests/integration/test_pull_replicas.py
 
 # --- Benchmarks and the long fuzz run (bench/; never part of `make test`) ---------------------
 # Each benchmark measures its baselines in the same run and prints ratios; BENCH_ARGS passes

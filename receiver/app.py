@@ -8,6 +8,7 @@ only the webhook path and ``/healthz``; the ops app serves metrics, readiness an
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import signal
 import time
@@ -28,11 +29,15 @@ from receiver.logs import get_logger
 from receiver.metrics import Metrics
 from receiver.ops import Ops
 from receiver.processes import IntakeProcesses, admin_port
+from receiver.pull.admin import WatchAdmin
+from receiver.pull.poller import Poller
+from receiver.pull.reconcile import Reconciler, reconcile_periodically
 from receiver.secrets import SecretBox
 from receiver.sinks.base import Sink, SinkContext
 from receiver.sinks.loader import build_sinks
 from receiver.store import open_store
 from receiver.store.base import EVENT_STATES, LaneStats, Store
+from receiver.store.pull import WATCH_STATES
 from receiver.supervisor import Supervisor
 from receiver.upstream import UpstreamClient
 from receiver.watchdog import Watchdog
@@ -71,7 +76,10 @@ class Runtime:
         self._given_sinks = sinks
         self.sinks: list[Sink] = []
         self.session: aiohttp.ClientSession | None = None
+        #: The process's one upstream API client (set once the runtime is open).
+        self.upstream: UpstreamClient | None = None
         self.worker: Worker | None = None
+        self.poller: Poller | None = None
         self.watchdog: Watchdog | None = None
 
         self.intake: Intake | None = None
@@ -86,7 +94,7 @@ class Runtime:
     async def __aenter__(self) -> Runtime:
         self.session = aiohttp.ClientSession()
         api = self.settings.api
-        upstream = UpstreamClient(
+        upstream = self.upstream = UpstreamClient(
             session=self.session,
             base_url=api.base_url,
             api_key=api.api_key,
@@ -125,6 +133,28 @@ class Runtime:
             clock=self.clock,
         )
         self.worker.start(self.supervisor)
+        self.poller = Poller(
+            settings=self.settings,
+            store=self.store,
+            upstream=upstream,
+            metrics=self.metrics,
+            on_event=self.wake_worker,
+            clock=self.clock,
+        )
+        self.poller.start()
+        reconciler = Reconciler(
+            settings=self.settings,
+            store=self.store,
+            upstream=upstream,
+            metrics=self.metrics,
+            on_event=self.wake_worker,
+            clock=self.clock,
+        )
+        for config in self.settings.reconcile:
+            self.supervisor.start(
+                f"reconcile-{config.collection_id}",
+                functools.partial(reconcile_periodically, reconciler, config),
+            )
 
     def _watchdog(self, upstream: UpstreamClient) -> Watchdog | None:
         """The subscription watchdog, in processes that run workers and have an API key."""
@@ -148,6 +178,7 @@ class Runtime:
         if self._closed:
             return
         self._closed = True
+        await self._stop_poller()
         if self.worker is not None:
             await self.worker.stop(self.settings.server.shutdown_timeout_seconds)
             self.worker = None
@@ -165,12 +196,22 @@ class Runtime:
 
     async def drain_workers(self, timeout: float) -> None:
         """Stop claiming; give in-flight events ``timeout`` seconds, then cancel and release."""
+        await self._stop_poller()
         if self.worker is not None:
             await self.worker.stop(timeout)
+
+    async def _stop_poller(self) -> None:
+        if self.poller is not None:
+            poller, self.poller = self.poller, None
+            await poller.stop()
 
     def wake_worker(self) -> None:
         if self.worker is not None:
             self.worker.wake()
+
+    def wake_poller(self) -> None:
+        if self.poller is not None:
+            self.poller.wake()
 
     def public_app(self) -> web.Application:
         """The public listener: ``POST {server.path}`` and ``GET /healthz``."""
@@ -220,6 +261,12 @@ class Runtime:
             settings=self.settings,
             tasks_down=self.supervisor.down,
             clock=self.clock,
+            watch=WatchAdmin(
+                store=self.store,
+                settings=self.settings,
+                on_watch=self.wake_poller,
+                clock=self.clock,
+            ),
         )
 
     async def refresh_gauges(self) -> None:
@@ -237,6 +284,9 @@ class Runtime:
             self.metrics.sink_oldest_due_seconds.labels(sink.name).set(
                 0.0 if due is None else max(0.0, now - due)
             )
+        watches = await self.store.watch_counts()
+        for watch_state in WATCH_STATES:
+            self.metrics.watched_jobs.labels(watch_state).set(watches.get(watch_state, 0))
 
     async def _refresh_gauges(self) -> None:
         while True:

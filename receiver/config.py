@@ -28,6 +28,7 @@ from receiver.config_schema import (
     key,
     one_of,
     positive,
+    required,
     rule,
     sections,
 )
@@ -202,6 +203,42 @@ class AdminSettings:
     token: str = key("", "Bearer token /admin/* requires", env="RECEIVER_ADMIN_TOKEN", secret=True)
 
 
+#: The upstream's long-poll ceiling for GET /jobs/{id}?wait=true.
+MAX_WAIT_SECONDS = 120
+
+
+@dataclass(frozen=True)
+class PullSettings:
+    """``[pull]``: following jobs that send no webhook (see receiver.pull)."""
+
+    concurrency: int = key(20, "long-polls in flight", check=at_least(1))
+    wait_seconds: float = key(
+        60.0,
+        "the timeout of GET /jobs/{id}?wait=true",
+        check=rule(
+            lambda v: 1 <= v <= MAX_WAIT_SECONDS,
+            f"must be between 1 and {MAX_WAIT_SECONDS} (the upstream's limit)",
+        ),
+    )
+    watch_expiry_hours: float = key(
+        24.0, "a watched job not finished by then ends as expired", check=positive
+    )
+
+
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+
+
+@dataclass(frozen=True)
+class ReconcileSettings:
+    """One ``[[reconcile]]`` table: a collection whose assets are delivered when missed."""
+
+    collection_id: str = required(
+        "the collection whose completed assets no sink got are delivered",
+        check=rule(lambda v: bool(_UUID.fullmatch(v)), "must be a collection id (a UUID)"),
+    )
+    interval_minutes: float = key(60.0, "how often the collection is reconciled", check=at_least(1))
+
+
 @dataclass(frozen=True)
 class LogSettings:
     """Logging to stderr."""
@@ -223,11 +260,17 @@ class Settings:
     worker: WorkerSettings = WorkerSettings()
     admin: AdminSettings = AdminSettings()
     log: LogSettings = LogSettings()
+    pull: PullSettings = PullSettings()
     sinks: tuple[SinkSettings, ...] = ()
+    reconcile: tuple[ReconcileSettings, ...] = ()
     source: str = "<defaults>"
 
     def sink_max_attempts(self, sink: SinkSettings) -> int:
         return sink.max_attempts or self.worker.max_attempts
+
+    def sinks_for_event(self, event_name: str) -> tuple[str, ...]:
+        """The names of the sinks whose ``events`` filter takes ``event_name``."""
+        return tuple(s.name for s in self.sinks if s.wants_event(event_name))
 
     def sink_concurrency(self, sink: SinkSettings) -> int:
         """Sends in flight in the sink's lane (per process)."""

@@ -128,12 +128,12 @@ class Intake:
         self._metrics = metrics
         self._on_stored = on_stored
         self._clock = clock
-        self._sinks = settings.sinks
         self._client_address = ClientAddress(settings.server.trusted_proxies)
         # Decided once: at other levels an accepted webhook costs no logging work at all.
         self._log_accepted = settings.log.level == "debug"
         # Metric children resolved once: labels() takes a lock and a dict lookup every call.
         self._outcomes = {o: metrics.webhook_requests.labels(o) for o in WEBHOOK_OUTCOMES}
+        self._from_webhook = metrics.pull_events.labels("webhook")
         self._secret_matches: dict[int, Any] = {}
         #: Requests being handled now (graceful shutdown waits for them).
         self.in_flight = 0
@@ -265,6 +265,7 @@ class Intake:
             self._metrics.signature_skew.observe(verified.skew_seconds)
         if added:
             self._outcomes["accepted"].inc()
+            self._from_webhook.inc()
             info.received.inc()
             if self._log_accepted:
                 log.debug(
@@ -287,7 +288,7 @@ class Intake:
         if info is None:
             events = self._metrics.events
             info = _NameInfo(
-                sinks=tuple(s.name for s in self._sinks if s.wants_event(name)),
+                sinks=self._settings.sinks_for_event(name),
                 received=events.labels(name, "received"),
                 duplicate=events.labels(name, "duplicate"),
             )

@@ -21,6 +21,8 @@ WEBHOOK_OUTCOMES = (
     "unavailable",
 )
 SINK_OUTCOMES = ("success", "retry", "dead", "skipped")
+PULL_SOURCES = ("webhook", "poll", "reconcile")
+WATCH_STATES = ("watching", "done", "expired", "not_found")
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _LAG_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 6 * 3600, 24 * 3600)
@@ -145,6 +147,22 @@ class Metrics:
             ["task"],
             registry=r,
         )
+        self.watched_jobs = Gauge(
+            "receiver_watched_jobs",
+            "Jobs on the watch list (pull mode) by state.",
+            ["state"],
+            registry=r,
+        )
+        self.pull_events = Counter(
+            "receiver_pull_events",
+            "Events stored by the way they arrived: webhook, poll (a watched job) or reconcile.",
+            ["source"],
+            registry=r,
+        )
+        for state in WATCH_STATES:
+            self.watched_jobs.labels(state)
+        for source in PULL_SOURCES:
+            self.pull_events.labels(source)
 
     def render(self) -> bytes:
         """The registry in Prometheus text format."""

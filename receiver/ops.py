@@ -13,6 +13,7 @@ from receiver.config import Settings
 from receiver.errors import StoreError, UnknownEvent
 from receiver.intake import error_response
 from receiver.metrics import CONTENT_TYPE, Metrics
+from receiver.pull.admin import WatchAdmin
 from receiver.store.base import EVENT_STATES, LaneStats, Store
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -32,6 +33,7 @@ class Ops:
         settings: Settings | None = None,
         tasks_down: Callable[[], Mapping[str, str]] | None = None,
         clock: Callable[[], float] = time.time,
+        watch: WatchAdmin | None = None,
     ) -> None:
         self._settings = settings or Settings()
         self._store = store
@@ -41,6 +43,7 @@ class Ops:
         self._on_redeliver = on_redeliver or (lambda: None)
         self._tasks_down = tasks_down or dict
         self._clock = clock
+        self._watch = watch
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -52,6 +55,7 @@ class Ops:
             web.post("/admin/events/redeliver-dead", self._admin(self.redeliver_dead)),
             web.get("/admin/events/{id}", self._admin(self.show_event)),
             web.post("/admin/events/{id}/redeliver", self._admin(self.redeliver)),
+            *(self._watch.routes(self._admin) if self._watch is not None else ()),
         ]
 
     async def healthz(self, _request: web.Request) -> web.Response:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import AsyncIterator
 from typing import Any, NoReturn
 from urllib.parse import quote
 
@@ -39,6 +40,9 @@ JOB_ENDPOINT = "/jobs/{id}"
 ASSET_ENDPOINT = "/assets/{id}"
 WEBHOOKS_ENDPOINT = "/webhooks"
 WEBHOOK_ENDPOINT = "/webhooks/{id}"
+COLLECTION_ASSETS_ENDPOINT = "/collections/{id}/assets"
+#: The spec's largest page for list endpoints.
+MAX_PAGE_SIZE = 100
 
 #: Statuses in the 4xx range worth repeating as they are (timeout, conflict/busy, too early).
 _RETRYABLE_4XX = frozenset({408, 409, 425})
@@ -113,32 +117,47 @@ class UpstreamClient:
         return _expect_object(data, f"asset {asset_id}")
 
     async def list_webhooks(self) -> list[dict[str, Any]]:
-        """The account's webhook subscriptions (``GET /webhooks``), every page.
+        """The account's webhook subscriptions (``GET /webhooks``), every page."""
+        hooks: dict[str, dict[str, Any]] = {}
+        async for page, _pagination in self.pages(WEBHOOKS_ENDPOINT, "/webhooks", "webhooks"):
+            for hook in page:
+                hooks.setdefault(str(hook.get("id")), hook)
+        return list(hooks.values())
+
+    async def collection_assets_page(
+        self, collection_id: str, *, offset: int = 0, limit: int = MAX_PAGE_SIZE
+    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """One page of ``GET /collections/{id}/assets`` (with fresh file URLs) and its
+        ``meta.pagination`` (``{}`` when the upstream sent none)."""
+        path = f"/collections/{_quote_id(collection_id, 'collection')}/assets"
+        params = {"limit": str(min(max(limit, 1), MAX_PAGE_SIZE)), "offset": str(max(offset, 0))}
+        what = f"assets of collection {collection_id}"
+        data, meta = await self._request(
+            "GET", COLLECTION_ASSETS_ENDPOINT, path, what=what, params=params, meta=True
+        )
+        return _expect_list(data, what), _pagination(meta)
+
+    async def pages(
+        self, endpoint: str, path: str, what: str
+    ) -> AsyncIterator[tuple[list[dict[str, Any]], dict[str, Any]]]:
+        """Every page of a list endpoint, with its ``meta.pagination``.
 
         Pages are followed while ``meta.pagination.has_more`` is true, the offset growing by the
-        returned limit, as the spec's list endpoints work; a page that adds nothing new ends it.
+        returned limit, as the spec's list endpoints work; a page that adds nothing ends it.
         """
-        hooks: dict[str, dict[str, Any]] = {}
         params: dict[str, str] | None = None
         for _page in range(_MAX_PAGES):
             data, meta = await self._request(
-                "GET", WEBHOOKS_ENDPOINT, "/webhooks", what="webhooks", params=params, meta=True
+                "GET", endpoint, path, what=what, params=params, meta=True
             )
-            if not isinstance(data, list) or not all(isinstance(item, dict) for item in data):
-                raise TransientError(
-                    "upstream answered the webhook list with data that is not a list"
-                )
-            before = len(hooks)
-            for hook in data:
-                hooks.setdefault(str(hook.get("id")), hook)
-            pagination = meta.get("pagination") if isinstance(meta, dict) else None
-            if not isinstance(pagination, dict) or pagination.get("has_more") is not True:
-                break
+            page, pagination = _expect_list(data, what), _pagination(meta)
+            yield page, pagination
+            if pagination.get("has_more") is not True or not page:
+                return
             limit, offset = pagination.get("limit"), pagination.get("offset", 0)
-            if not isinstance(limit, int) or not isinstance(offset, int) or len(hooks) == before:
-                break
+            if not isinstance(limit, int) or not isinstance(offset, int):
+                return
             params = {"limit": str(limit), "offset": str(offset + limit)}
-        return list(hooks.values())
 
     async def create_webhook(self, url: str, events: list[str] | None) -> dict[str, Any]:
         """Subscribe ``url`` to ``events`` (all when ``None``); the answer holds the secret."""
@@ -295,6 +314,17 @@ def _quote_id(value: str, kind: str) -> str:
     if value in ("", ".", ".."):
         raise PermanentError(f"invalid {kind} id {value!r}")
     return quote(value, safe="")
+
+
+def _expect_list(data: Any, what: str) -> list[dict[str, Any]]:
+    if not isinstance(data, list) or not all(isinstance(item, dict) for item in data):
+        raise TransientError(f"upstream answered {what} with data that is not a list of objects")
+    return data
+
+
+def _pagination(meta: Any) -> dict[str, Any]:
+    pagination = meta.get("pagination") if isinstance(meta, dict) else None
+    return pagination if isinstance(pagination, dict) else {}
 
 
 def _expect_object(data: Any, what: str) -> dict[str, Any]:

@@ -9,7 +9,8 @@ again: the only recovery is to delete it and create a new one. Every
   ``receiver_upstream_webhook_consecutive_failures{webhook_id}``, dropping the series of
   subscriptions that are gone;
 - logs a warning when a subscription's ``consecutive_failures`` grew since the last look;
-- logs an error for every inactive subscription, naming the commands that recover it.
+- logs an error for every inactive subscription, naming the commands that recover it and the
+  ones that deliver what it missed (``receiver reconcile``, ``receiver watch``).
 
 It runs only when ``api.api_key`` is set (and the interval is not 0). A failing list call is
 logged as a warning and tried again at the next interval; it never stops the receiver.
@@ -65,7 +66,10 @@ class Watchdog:
                 log.error(
                     "upstream webhook subscription is inactive: the upstream no longer sends "
                     "events to it; recover with `receiver webhooks delete "
-                    f"{webhook_id}` then `receiver webhooks register --url {url}`",
+                    f"{webhook_id}` then `receiver webhooks register --url {url}`; the events "
+                    "it missed are never sent again: deliver them with `receiver reconcile "
+                    "--collection ID` for each collection (or `receiver watch JOB_ID` for "
+                    'jobs still running; README: "No public URL? Pull mode")',
                     webhook_id=webhook_id,
                     url=url,
                     consecutive_failures=failures,

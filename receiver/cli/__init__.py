@@ -18,10 +18,12 @@ from receiver.cli import (
     events,
     init,
     migrate,
+    reconcile,
     replay,
     serve,
     sign,
     simulate,
+    watch,
     webhooks,
 )
 from receiver.cli.common import EXIT_FAILED, EXIT_USAGE, Parser, quiet_closed_pipe
@@ -45,6 +47,9 @@ COMMANDS: dict[str, Command] = {
     "replay": replay,
     "events": events,
     "migrate": migrate,
+    # pull mode: jobs that send no webhook, collections that missed some
+    "watch": watch,
+    "reconcile": reconcile,
     # local testing and the upstream subscription
     "simulate": simulate,
     "webhooks": webhooks,

@@ -62,6 +62,14 @@ def describe(settings: Settings) -> str:
         f"  workers          concurrency {s.worker.concurrency}, max attempts "
         f"{s.worker.max_attempts}, backoff {s.worker.backoff_initial_seconds:g}-"
         f"{s.worker.backoff_max_seconds:g} s, job max age {s.worker.job_max_age_seconds:g} s",
+        f"  pull mode        {s.pull.concurrency} long-polls of {s.pull.wait_seconds:g} s, "
+        f"watches expire after {s.pull.watch_expiry_hours:g} h; "
+        + (
+            ", ".join(
+                f"reconcile {r.collection_id} every {r.interval_minutes:g} min" for r in s.reconcile
+            )
+            or "no collection reconciled"
+        ),
         f"  sinks            {len(s.sinks)} (one lane each)",
     ]
     for sink in s.sinks:

@@ -20,6 +20,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from receiver.simulator.model import EVENT_NAMES, TERMINAL_STATUSES
+from receiver.simulator.pulling import page_params, pagination
 from receiver.simulator.state import SimulatorState
 
 _LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -52,6 +53,7 @@ class Simulator(SimulatorState):
         app.on_shutdown.append(on_shutdown)
         app.router.add_get("/v1/jobs/{id}", self._get_job)
         app.router.add_get("/v1/assets/{id}", self._get_asset)
+        app.router.add_get("/v1/collections/{id}/assets", self._list_collection_assets)
         app.router.add_get("/v1/webhooks", self._list_webhooks)
         app.router.add_post("/v1/webhooks", self._create_webhook)
         app.router.add_delete("/v1/webhooks/{id}", self._delete_webhook)
@@ -92,10 +94,14 @@ class Simulator(SimulatorState):
                 token.strip().encode(), self.api_key.encode()
             ):
                 return _error(401, "unauthorized", "Invalid or revoked API key.", request_id)
-        if self._roll(self.rate_limit_fraction):
+        resource = request.match_info.route.resource
+        burst, burst_retry_after = self.take_burst(
+            f"{request.method} {resource.canonical if resource is not None else request.path}"
+        )
+        if burst or self._roll(self.rate_limit_fraction):
             response = _error(429, "rate_limited", "Too many requests.", request_id)
-            if self.retry_after is not None:
-                value = self.retry_after
+            value = burst_retry_after if burst else self.retry_after
+            if value is not None:
                 response.headers["Retry-After"] = (
                     value if isinstance(value, str) else str(math.ceil(value))
                 )
@@ -137,11 +143,15 @@ class Simulator(SimulatorState):
             loop = asyncio.get_running_loop()
             deadline = loop.time() + min(timeout, _MAX_WAIT_SECONDS)
             stopping = request.app[_STOPPING_KEY]
-            while self.job_status(job_id) not in TERMINAL_STATUSES and not stopping.is_set():
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    break
-                await asyncio.sleep(min(_TICK, remaining))
+            self.long_poll_started(job_id)
+            try:
+                while self.job_status(job_id) not in TERMINAL_STATUSES and not stopping.is_set():
+                    remaining = deadline - loop.time()
+                    if remaining <= 0:
+                        break
+                    await asyncio.sleep(min(_TICK, remaining))
+            finally:
+                self.long_poll_ended(job_id)
         if self.job_status(job_id) in TERMINAL_STATUSES:
             self.fetched.add(f"job:{job_id}")
         return _data(self.job_json(job_id, self._base(request)))
@@ -153,6 +163,25 @@ class Simulator(SimulatorState):
         if self.asset_status(asset_id) == "completed":
             self.fetched.add(f"asset:{asset_id}")
         return _data(self.asset_json(asset_id, self._base(request)))
+
+    async def _list_collection_assets(self, request: web.Request) -> web.Response:
+        collection_id = request.match_info["id"]
+        assets = self.collection_assets(collection_id)
+        if not assets and not any(j.collection_id == collection_id for j in self.jobs.values()):
+            return _error(404, "not_found", "Collection not found.")
+        params = page_params(request.query)
+        if params is None:
+            return _error(400, "validation_failed", "limit is 1 to 100 and offset >= 0.")
+        limit, offset = params
+        with_urls = request.query.get("include_file_urls", "true").lower() != "false"
+        page = assets[offset : offset + limit]
+        data = []
+        for asset in page:
+            item = self.asset_json(asset.id, self._base(request))
+            if not with_urls:
+                item.pop("file_url")
+            data.append(item)
+        return _data(data, meta=pagination(len(assets), limit, offset, len(page)))
 
     async def _get_file(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
@@ -176,23 +205,13 @@ class Simulator(SimulatorState):
         )
 
     async def _list_webhooks(self, request: web.Request) -> web.Response:
-        try:
-            limit = int(request.query.get("limit", "50"))
-            offset = int(request.query.get("offset", "0"))
-        except ValueError:
-            limit = offset = -1
-        if not 1 <= limit <= 100 or offset < 0:
+        params = page_params(request.query)
+        if params is None:
             return _error(400, "validation_failed", "limit is 1 to 100 and offset >= 0.")
+        limit, offset = params
         hooks = list(self.webhooks.values())
         page = hooks[offset : offset + limit]
-        meta = {
-            "pagination": {
-                "total": len(hooks),
-                "limit": limit,
-                "offset": offset,
-                "has_more": offset + len(page) < len(hooks),
-            }
-        }
+        meta = pagination(len(hooks), limit, offset, len(page))
         return _data([hook.as_json() for hook in page], meta=meta)
 
     async def _create_webhook(self, request: web.Request) -> web.Response:

@@ -153,6 +153,13 @@ examples:
     faults.add_argument(
         "--latency", type=float, default=0.0, metavar="SECONDS", help="added to every API call"
     )
+    faults.add_argument(
+        "--no-webhook",
+        type=float,
+        default=0.0,
+        metavar="FRACTION",
+        help="this fraction of jobs sends no webhook (only polling finds them; each is logged)",
+    )
     end = p.add_argument_group("when to stop (default: Ctrl-C / SIGTERM)")
     end.add_argument(
         "--until-done",
@@ -219,6 +226,7 @@ def options_from_args(
         error_status=args.error_status,
         expired_url_fraction=args.expired_urls,
         latency=args.latency,
+        no_webhook_fraction=args.no_webhook,
         until_done=args.until_done,
         grace=args.grace,
         duration=args.duration,

@@ -76,6 +76,8 @@ class SimJob:
     outcome: str
     error: str | None = None
     asset_ids: dict[str, str] = field(default_factory=dict)
+    #: False for a job the upstream sends no webhook for (only polling finds its outcome).
+    sends_webhook: bool = True
 
 
 @dataclass

@@ -71,6 +71,7 @@ class SimulateOptions:
     error_status: int = 500
     expired_url_fraction: float = 0.0
     latency: float = 0.0
+    no_webhook_fraction: float = 0.0
     until_done: bool = False
     grace: float = DEFAULT_GRACE_SECONDS
     duration: float | None = None
@@ -111,6 +112,7 @@ class SimulateOptions:
             ("--rate-limit", self.rate_limit_fraction),
             ("--server-errors", self.error_fraction),
             ("--expired-urls", self.expired_url_fraction),
+            ("--no-webhook", self.no_webhook_fraction),
         ):
             if not 0 <= value <= 1:
                 problems.append(f"{flag} is a fraction between 0 and 1")
@@ -143,6 +145,7 @@ class Simulation:
         self.sim.error_status = options.error_status
         self.sim.expired_url_fraction = options.expired_url_fraction
         self.sim.latency_seconds = options.latency
+        self.sim.no_webhook_fraction = options.no_webhook_fraction
         self.sender = WebhookSender(
             self.sim,
             time_scale=options.time_scale,
@@ -153,6 +156,7 @@ class Simulation:
         )
         self.generated: Counter[str] = Counter()
         self.adopted = 0
+        self.unannounced = 0  # jobs created that send no webhook
         self.base_url = ""
         self.generation_done = asyncio.Event()
         self._random = random.Random(options.seed + 2)
@@ -234,7 +238,8 @@ class Simulation:
         options = self.options
         if options.events == 0:
             return
-        if not self._has_subscription():
+        # Jobs that send no webhook need no subscription: only polling finds them.
+        if options.no_webhook_fraction < 1 and not self._has_subscription():
             log.info(
                 "waiting for a webhook subscription before sending events",
                 hint="POST /v1/webhooks (receiver webhooks register) or --target/--secret",
@@ -247,7 +252,17 @@ class Simulation:
         interval = 1.0 / options.rate
         for index in range(options.events):
             await asyncio.sleep(max(0.0, started + index * interval - loop.time()))
-            self.sender.publish(self.new_event(options.kinds[index % len(options.kinds)]))
+            payload = self.new_event(options.kinds[index % len(options.kinds)])
+            if self.sim.jobs[payload["job_id"]].sends_webhook:
+                self.sender.publish(payload)
+            else:
+                self.unannounced += 1
+                log.info(
+                    "job created; it sends no webhook",
+                    job_id=payload["job_id"],
+                    event_name=payload["event"],
+                    watch_it=f"receiver watch {payload['job_id']}",
+                )
         self.generation_done.set()
         log.info("every event generated", events=options.events)
 
@@ -279,6 +294,7 @@ class Simulation:
             "base_url": self.base_url,
             "events_requested": self.options.events,
             "events_generated": dict(self.generated),
+            "jobs_without_webhook": self.unannounced,
             "generation_done": self.generation_done.is_set(),
             "settled": self.done,
             "delivery": self.sender.summary().as_json(),
@@ -314,6 +330,11 @@ def render_summary(summary: dict[str, Any]) -> str:
     lines = [
         "simulator summary",
         f"  events sent       {d['events']} ({kinds}); {d['events_delivered']} got a 2xx",
+        *(
+            [f"  without webhook   {summary['jobs_without_webhook']} jobs (found only by polling)"]
+            if summary.get("jobs_without_webhook")
+            else []
+        ),
         f"  deliveries        {d['deliveries']} to {len(hooks)} subscription(s) "
         f"({d['duplicates']} duplicates, {d['held_back']} held back out of order)",
         f"                    {states['delivered']} delivered, {states['exhausted']} given up "

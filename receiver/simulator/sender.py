@@ -106,10 +106,14 @@ class WebhookSender:
         """Deliver ``payload`` to every active subscription that wants its event.
 
         The body bytes are fixed here and identical on every attempt and duplicate. Returns the
-        deliveries created (none when no subscription wants the event).
+        deliveries created (none when no subscription wants the event, or when the event's job
+        is one the upstream sends no webhook for).
         """
         if self._session is None:
             raise RuntimeError("WebhookSender.start() has not been called")
+        job = self.sim.jobs.get(str(payload.get("job_id")))
+        if job is not None and not job.sends_webhook:
+            return []
         body = json.dumps(payload, separators=(",", ":")).encode()
         event_id, event_name = str(payload["id"]), str(payload["event"])
         self._events.add(event_id)

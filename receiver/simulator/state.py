@@ -33,9 +33,10 @@ from receiver.simulator.model import (
     SimWebhook,
     iso,
 )
+from receiver.simulator.pulling import PullingState
 
 
-class SimulatorState:
+class SimulatorState(PullingState):
     """The upstream service in memory: jobs, assets, files and webhook subscriptions.
 
     Fault knobs (plain attributes, read on every request):
@@ -51,6 +52,7 @@ class SimulatorState:
       ``processing``, their files answering 404, until that long after the job completed.
     - ``expired_urls``: file URLs are issued already expired (the file answers 403);
       ``expired_url_fraction``: that fraction of the issued URLs is.
+    - ``no_webhook_fraction`` and 429 bursts: see :mod:`receiver.simulator.pulling`.
 
     ``requests`` counts calls by ``"METHOD /route/{template}"`` (for example
     ``"GET /v1/jobs/{id}"``, ``"GET /files/{name}"``), including refused ones; ``responses``
@@ -66,6 +68,7 @@ class SimulatorState:
         now: Callable[[], float] = time.time,
         url_ttl_seconds: float = 3600.0,
     ) -> None:
+        super().__init__()
         self.api_key = api_key
         #: Origin used in file URLs; ``None`` uses the origin each request arrived on.
         self.public_base_url = public_base_url.rstrip("/") if public_base_url else None
@@ -114,12 +117,15 @@ class SimulatorState:
         item_id: str | None = None,
         item_name: str | None = None,
         cost_credits: float | None = None,
+        webhook: bool | None = None,
     ) -> dict[str, Any]:
         """Create a job of ``kind`` (image, animation, logo, scene) and its assets.
 
         ``status`` is ``completed`` (default), ``failed`` (no assets; ``error`` holds the reason)
         or ``processing`` (until :meth:`complete_job` or :meth:`fail_job`). ``kind="failed"`` is
-        short for a failed image job. Returns the webhook payload the upstream sends for it.
+        short for a failed image job. ``webhook=False`` makes a job the upstream sends no
+        webhook for (default: ``no_webhook_fraction`` decides). Returns the webhook payload the
+        upstream would send for it.
         """
         if kind == "failed":
             kind, status = "image", "failed"
@@ -145,6 +151,7 @@ class SimulatorState:
             error=(error or "generation failed: the provider returned no image")
             if status == "failed"
             else None,
+            sends_webhook=not self._roll(self.no_webhook_fraction) if webhook is None else webhook,
         )
         if status == "failed" and cost_credits is None:
             job.cost_credits = 0  # refunded

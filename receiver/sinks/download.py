@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import glob
 import hashlib
 import os
 import re
@@ -136,6 +137,15 @@ def file_parts(ref: FileRef) -> tuple[str, str, str]:
     item = safe_component(ref.item_name) if ref.item_name else UNNAMED_ITEM
     stem = f"{safe_component(ref.asset_type)}-{safe_component(ref.asset_id)}"
     return collection, item, stem
+
+
+def has_file(directory: Path, collection_id: str | None, asset_type: str, asset_id: str) -> bool:
+    """Whether a download sink writing to ``directory`` holds the file of this asset (under any
+    item name and extension: the path is built as :func:`file_parts` builds it)."""
+    collection = safe_component(collection_id) if collection_id else UNKNOWN_COLLECTION
+    stem = f"{safe_component(asset_type)}-{safe_component(asset_id)}"
+    matches = (directory / collection).glob(f"*/{glob.escape(stem)}*")
+    return any(p.name == stem or p.name.startswith(f"{stem}.") for p in matches if p.is_file())
 
 
 def extension_for(content_type: str, *urls: URL | str) -> str:

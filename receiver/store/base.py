@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from receiver.store.pull import PullStore
+
 if TYPE_CHECKING:
     from receiver.store.browse import (
         Cursor,
@@ -63,6 +65,8 @@ class NewEvent:
     headers: Mapping[str, str]
     received_at: float
     sinks: tuple[str, ...]
+    #: ``webhook``, or ``poll``/``reconcile`` for events the receiver made (receiver.store.pull)
+    source: str = "webhook"
 
 
 @dataclass(frozen=True)
@@ -327,8 +331,10 @@ class Leases:
         return bool(self.events or self.deliveries)
 
 
-class Store(Protocol):
+class Store(PullStore, Protocol):
     """The inbox. Every method is safe to call concurrently from one event loop.
+
+    The watch list and the job-outcome ledger of pull mode are :class:`PullStore`'s half.
 
     Methods raise :class:`~receiver.errors.StoreUnavailable` when the backend cannot be reached
     or written, never a driver exception.

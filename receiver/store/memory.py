@@ -37,6 +37,7 @@ from receiver.store.browse import (
     lane_counts,
     matches,
 )
+from receiver.store.memory_pull import MemoryPull
 
 
 @dataclass
@@ -109,7 +110,7 @@ class _Event:
         )
 
 
-class MemoryStore:
+class MemoryStore(MemoryPull):
     """An inbox kept in a dict: the fake for unit tests, with the SQL stores' semantics.
 
     It works without :meth:`open` (forgiving for tests) but refuses calls after :meth:`close`
@@ -118,6 +119,7 @@ class MemoryStore:
     """
 
     def __init__(self, settings: StoreSettings | None = None) -> None:
+        super().__init__()
         self.settings = settings or StoreSettings(url="memory://")
         self.unavailable: str | None = None
         self._events: dict[str, _Event] = {}
@@ -142,7 +144,7 @@ class MemoryStore:
 
     async def add_event(self, event: NewEvent) -> bool:
         self._check()
-        if event.id in self._events:
+        if event.id in self._events or not self._admit(event):
             return False
         sinks = tuple(dict.fromkeys(event.sinks))
         state, enrich_at = rules.new_event_values(bool(sinks), event.received_at)

@@ -72,6 +72,9 @@ from receiver.store.browse import (
     lane_counts,
     numbered,
 )
+from receiver.store.postgres_pull import PULL_SCHEMA, PostgresPull
+from receiver.store.postgres_pull import command_count as _count
+from receiver.store.pull import outcome_key
 
 T = TypeVar("T")
 
@@ -207,6 +210,7 @@ MIGRATIONS: tuple[Migration, ...] = (
             " ON deliveries (sink, last_error, updated_at, state) WHERE state = 'dead'",
         ),
     ),
+    Migration(4, "watch list and job outcomes (pull mode)", PULL_SCHEMA),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 
@@ -226,17 +230,33 @@ SCHEMA_EXISTS = "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)"
 
 # -- statements ---------------------------------------------------------------------------------
 
-# A group of events in one statement, so one implicit transaction, one round trip and one commit:
-# the new events (arrays of columns, one element per event), the deliveries of those that were
-# new, and one notification for the whole group (sent by Postgres on commit, only when anything
-# was new). Answers the ids that were new.
+# A group of events in one transaction of two statements and one commit. First the group's job
+# outcomes (receiver.store.pull) are claimed in the ledger, in key order: a key another
+# transaction is claiming waits for it to commit, so the second statement, with a fresh
+# snapshot, sees every outcome committed before it.
+CLAIM_OUTCOMES = """
+INSERT INTO job_outcomes (key, event_id, source, created_at)
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::double precision[])
+ON CONFLICT (key) DO NOTHING
+"""
+
+# Then the events the outcome rule admits (arrays of columns, one element per event: its own
+# claim of its outcome, or a webhook beside an outcome a webhook brought), the deliveries of
+# those that were new, and one notification for the whole group (sent by Postgres on commit,
+# only when anything was new). Answers the ids that were new.
 ADD_EVENTS = """
-WITH ins AS (
-    INSERT INTO events (id, event, job_id, body, headers, received_at, state, enrich_at)
+WITH rows AS (
     SELECT * FROM unnest(
         $1::text[], $2::text[], $3::text[], $4::bytea[], $5::json[],
-        $6::double precision[], $7::text[], $8::double precision[]
-    )
+        $6::double precision[], $7::text[], $8::double precision[], $14::text[], $15::text[]
+    ) AS r (id, event, job_id, body, headers, received_at, state, enrich_at, key, source)
+), allowed AS (
+    SELECT r.* FROM rows r LEFT JOIN job_outcomes o ON o.key = r.key
+    WHERE r.key IS NULL OR o.key IS NULL OR o.event_id = r.id
+       OR (o.source = 'webhook' AND r.source = 'webhook')
+), ins AS (
+    INSERT INTO events (id, event, job_id, body, headers, received_at, state, enrich_at)
+    SELECT id, event, job_id, body, headers, received_at, state, enrich_at FROM allowed
     ON CONFLICT (id) DO NOTHING
     RETURNING id
 ), dels AS (
@@ -477,13 +497,7 @@ def _lock_key(schema: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
-def _count(status: str) -> int:
-    """The row count of a command status such as ``UPDATE 3``."""
-    tail = status.rsplit(" ", 1)[-1]
-    return int(tail) if tail.isdigit() else 0
-
-
-class PostgresStore:
+class PostgresStore(PostgresPull):
     """The inbox in a Postgres database, shared safely by any number of receiver processes.
 
     ``settings.pool_size`` caps this process's pooled connections (a process running workers
@@ -722,7 +736,7 @@ class PostgresStore:
         return await self._adds.submit(event)
 
     async def _write_adds(self, events: list[NewEvent]) -> list[bool | BaseException]:
-        """One group: one statement; each event told whether its id was new.
+        """One group: one transaction; each event told whether its id was new.
 
         Within a group only the first event of an id can be new; the rows go in id order, so
         two groups (of two replicas) inserting the same ids lock them in the same order.
@@ -742,8 +756,22 @@ class PostgresStore:
                 deliveries[1].append(sink)
                 deliveries[2].append(event.received_at)
 
+        keys = [outcome_key(event.event, event.job_id) for event in rows]
+        sources = [event.source for event in rows]
+        claims = sorted(
+            (key, event.id, event.source, event.received_at)
+            for key, event in zip(keys, rows, strict=True)
+            if key is not None
+        )
+
         async def run(conn: Any) -> set[str]:
-            row = await conn.fetchrow(ADD_EVENTS, *columns, *deliveries, CHANNEL, self._schema)
+            async with conn.transaction():
+                if claims:
+                    claimed = (list(column) for column in zip(*claims, strict=True))
+                    await conn.execute(CLAIM_OUTCOMES, *claimed)
+                row = await conn.fetchrow(
+                    ADD_EVENTS, *columns, *deliveries, CHANNEL, self._schema, keys, sources
+                )
             return set(row["added"])
 
         try:

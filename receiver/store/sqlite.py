@@ -61,6 +61,8 @@ from receiver.store.browse import (
     delivery_records,
     lane_counts,
 )
+from receiver.store.pull import admit, outcome_key
+from receiver.store.sqlite_pull import INSERT_OUTCOME, PULL_SCHEMA, SqlitePull, held_outcomes
 from receiver.store.writer_turns import WriterTurns
 
 T = TypeVar("T")
@@ -159,8 +161,16 @@ SCHEMA_V3_BROWSE: tuple[str, ...] = (
     "PRAGMA user_version = 3",
 )
 
+# Version 4: the watch list and the job-outcome ledger of pull mode (receiver.store.sqlite_pull).
+SCHEMA_V4_PULL: tuple[str, ...] = (*PULL_SCHEMA, "PRAGMA user_version = 4")
+
 # Migration N (1-based) brings the schema from version N-1 to N; each sets its own user_version.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (SCHEMA_V1, SCHEMA_V2, SCHEMA_V3_BROWSE)
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    SCHEMA_V1,
+    SCHEMA_V2,
+    SCHEMA_V3_BROWSE,
+    SCHEMA_V4_PULL,
+)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 PRAGMA_FOREIGN_KEYS = "PRAGMA foreign_keys = ON"
@@ -476,13 +486,15 @@ async def _insert_rows(
 class _Add:
     row: tuple[Any, ...]
     deliveries: list[tuple[Any, ...]]
+    # (key, event id, source, created at) for a job outcome event (see receiver.store.pull).
+    outcome: tuple[str, str, str, float] | None = None
 
     @property
     def id(self) -> str:
         return str(self.row[0])
 
 
-class SqliteStore:
+class SqliteStore(SqlitePull):
     """The inbox in one SQLite file (WAL), on three aiosqlite connections.
 
     - *intake*: :meth:`add_event` calls are gathered by a
@@ -822,8 +834,11 @@ class SqliteStore:
         assert self._adds is not None
         # The row is built here, in the caller's task, so a bad value fails only this caller.
         row, sinks = rules.new_event_row(event)
-        deliveries = [(event.id, sink, row[5], row[5]) for sink in sinks]
-        return await self._adds.submit(_Add(row, deliveries))
+        received = event.received_at
+        deliveries = [(event.id, sink, received, received) for sink in sinks]
+        key = outcome_key(event.event, event.job_id)
+        outcome = None if key is None else (key, event.id, event.source, received)
+        return await self._adds.submit(_Add(row, deliveries, outcome))
 
     # -- enrichment -----------------------------------------------------------------------------
 
@@ -1133,14 +1148,23 @@ async def _insert_new(conn: aiosqlite.Connection, adds: list[_Add]) -> list[bool
     """Insert the events whose id is not stored yet; for each add, whether it was new."""
     ids = json.dumps([add.id for add in adds])
     seen = {row[0] for row in await conn.execute_fetchall(SELECT_EXISTING_IDS, (ids,))}
+    held = await held_outcomes(conn, [add.outcome[0] for add in adds if add.outcome is not None])
     fresh: list[_Add] = []
     results: list[bool] = []
+    outcomes: list[tuple[str, str, str, float]] = []
     for add in adds:
         is_new = add.id not in seen
+        if is_new and add.outcome is not None:
+            key, _event_id, source, _created = add.outcome
+            is_new, record = admit(held, key, source)
+            if record:
+                outcomes.append(add.outcome)
         results.append(is_new)
         if is_new:
             seen.add(add.id)
             fresh.append(add)
+    if outcomes:
+        await conn.executemany(INSERT_OUTCOME, outcomes)
     if fresh:
         await _insert_rows(conn, INSERT_EVENTS_HEAD, EVENT_ROW, [add.row for add in fresh])
         deliveries = [row for add in fresh for row in add.deliveries]

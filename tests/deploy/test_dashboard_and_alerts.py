@@ -62,6 +62,8 @@ def test_the_dashboard_shows_what_operators_watch():
         "receiver_sink_backlog",  # each lane: waiting, oldest due, sending
         "receiver_sink_oldest_due_seconds",
         "receiver_sink_in_flight",
+        "receiver_watched_jobs",  # pull mode
+        "receiver_pull_events_total",
     ):
         assert metric in used, metric
     assert 'outcome=~"missing_signature|invalid_signature|stale_timestamp"' in text

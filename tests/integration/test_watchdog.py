@@ -73,6 +73,7 @@ async def test_gauges_and_error_after_the_simulator_disables_a_subscription(upst
     assert errors, logs
     assert f"receiver webhooks delete {broken.id}" in errors[0]["event"]
     assert f"receiver webhooks register --url {broken.url}" in errors[0]["event"]
+    assert "receiver reconcile --collection ID" in errors[0]["event"]
     assert not [e for e in logs if e["log_level"] == "error" and e.get("webhook_id") == healthy.id]
 
 

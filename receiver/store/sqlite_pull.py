@@ -1,0 +1,208 @@
+"""The SQLite inbox's pull-mode tables and queries (see :mod:`receiver.store.pull`).
+
+Kept apart from :mod:`receiver.store.sqlite`: the watch list and the job-outcome ledger have
+their own tables (:data:`PULL_SCHEMA`, one migration) and their own statements. Only the
+outcome check inside ``add_event`` lives with the event inserts (:func:`held_outcomes`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, TypeVar
+
+import aiosqlite
+
+from receiver.store.pull import (
+    BACKFILL_JOB_OUTCOMES,
+    REARM_WATCH,
+    WATCH_COLUMNS,
+    WatchRecord,
+    WatchState,
+    watch_records,
+)
+
+T = TypeVar("T")
+
+CREATE_WATCHES = """
+CREATE TABLE watches (
+    job_id           TEXT PRIMARY KEY,
+    state            TEXT NOT NULL,
+    since            REAL NOT NULL,
+    expires_at       REAL NOT NULL,
+    next_poll_at     REAL,
+    last_polled_at   REAL,
+    polls            INTEGER NOT NULL DEFAULT 0,
+    last_error       TEXT,
+    updated_at       REAL NOT NULL,
+    lease_owner      TEXT,
+    lease_expires_at REAL
+) WITHOUT ROWID
+"""
+CREATE_INDEX_WATCHES_DUE = "CREATE INDEX watches_due ON watches (state, next_poll_at)"
+CREATE_INDEX_WATCHES_SINCE = "CREATE INDEX watches_since ON watches (since)"
+
+CREATE_JOB_OUTCOMES = """
+CREATE TABLE job_outcomes (
+    key        TEXT PRIMARY KEY,
+    event_id   TEXT NOT NULL,
+    source     TEXT NOT NULL,
+    created_at REAL NOT NULL
+) WITHOUT ROWID
+"""
+
+# The migration's statements; receiver.store.sqlite adds the user_version it brings.
+PULL_SCHEMA: tuple[str, ...] = (
+    CREATE_WATCHES,
+    CREATE_INDEX_WATCHES_DUE,
+    CREATE_INDEX_WATCHES_SINCE,
+    CREATE_JOB_OUTCOMES,
+    BACKFILL_JOB_OUTCOMES,
+)
+
+SELECT_OUTCOMES = """
+SELECT key, source FROM job_outcomes WHERE key IN (SELECT value FROM json_each(?))
+"""
+INSERT_OUTCOME = """
+INSERT INTO job_outcomes (key, event_id, source, created_at) VALUES (?, ?, ?, ?)
+"""
+
+ADD_WATCH = (
+    """
+INSERT INTO watches (job_id, state, since, expires_at, next_poll_at, polls, updated_at)
+VALUES (?, 'watching', ?, ?, ?, 0, ?)
+"""
+    + REARM_WATCH
+)
+SELECT_WATCHES = (
+    "SELECT " + WATCH_COLUMNS + " FROM watches WHERE job_id IN (SELECT value FROM json_each(?))"
+)
+
+CLAIM_WATCHES = (
+    """
+UPDATE watches SET lease_owner = :owner, lease_expires_at = :expires
+WHERE job_id IN (
+    SELECT job_id FROM watches
+    WHERE state = 'watching' AND next_poll_at <= :now AND expires_at > :now
+      AND (lease_expires_at IS NULL OR lease_expires_at < :now)
+    ORDER BY next_poll_at
+    LIMIT :limit
+)
+RETURNING """
+    + WATCH_COLUMNS
+)
+
+SETTLE_WATCH = """
+UPDATE watches SET state = ?, next_poll_at = ?, last_polled_at = ?, polls = polls + 1,
+    last_error = ?, updated_at = ?, lease_owner = NULL, lease_expires_at = NULL
+WHERE job_id = ? AND lease_owner = ?
+"""
+
+EXPIRE_WATCHES = """
+UPDATE watches SET state = 'expired', updated_at = :now, lease_owner = NULL,
+    lease_expires_at = NULL
+WHERE state = 'watching' AND expires_at <= :now
+  AND (lease_expires_at IS NULL OR lease_expires_at < :now)
+"""
+
+LIST_WATCHES = (
+    "SELECT " + WATCH_COLUMNS + " FROM watches ORDER BY since DESC, job_id LIMIT ? OFFSET ?"
+)
+LIST_WATCHES_BY_STATE = (
+    "SELECT " + WATCH_COLUMNS + " FROM watches WHERE state = ? "
+    "ORDER BY since DESC, job_id LIMIT ? OFFSET ?"
+)
+WATCH_COUNTS = "SELECT state, count(*) FROM watches GROUP BY state"
+KNOWN_OUTCOMES = "SELECT key FROM job_outcomes WHERE key IN (SELECT value FROM json_each(?))"
+
+
+async def held_outcomes(conn: aiosqlite.Connection, keys: list[str]) -> dict[str, str]:
+    """The ledger's source for each of ``keys`` it holds (inside the intake transaction)."""
+    if not keys:
+        return {}
+    rows = await conn.execute_fetchall(SELECT_OUTCOMES, (json.dumps(keys),))
+    return {row[0]: row[1] for row in rows}
+
+
+class SqlitePull:
+    """The :class:`~receiver.store.pull.PullStore` methods of the SQLite store (a mixin)."""
+
+    if TYPE_CHECKING:
+
+        async def _write_tx(self, fn: Callable[[aiosqlite.Connection], Awaitable[T]]) -> T: ...
+
+        async def _read_tx(self, fn: Callable[[aiosqlite.Connection], Awaitable[T]]) -> T: ...
+
+    async def add_watches(
+        self, job_ids: list[str], *, now: float, expires_at: float
+    ) -> list[WatchRecord]:
+        ids = list(dict.fromkeys(job_ids))
+
+        async def run(conn: aiosqlite.Connection) -> list[WatchRecord]:
+            await conn.executemany(ADD_WATCH, [(j, now, expires_at, now, now) for j in ids])
+            rows = await conn.execute_fetchall(SELECT_WATCHES, (json.dumps(ids),))
+            by_id = {r.job_id: r for r in watch_records(rows)}
+            return [by_id[j] for j in ids]
+
+        return await self._write_tx(run)
+
+    async def claim_watches(
+        self, *, owner: str, limit: int, lease_seconds: float, now: float
+    ) -> list[WatchRecord]:
+        if limit <= 0:
+            return []
+        params = {"owner": owner, "expires": now + lease_seconds, "now": now, "limit": limit}
+
+        async def run(conn: aiosqlite.Connection) -> list[WatchRecord]:
+            return watch_records(await conn.execute_fetchall(CLAIM_WATCHES, params))
+
+        return await self._write_tx(run)
+
+    async def settle_watch(
+        self,
+        job_id: str,
+        *,
+        owner: str,
+        state: WatchState,
+        now: float,
+        next_poll_at: float | None = None,
+        error: str | None = None,
+    ) -> None:
+        nxt = (now if next_poll_at is None else next_poll_at) if state == "watching" else None
+        params = (state, nxt, now, error, now, job_id, owner)
+        await self._write_tx(lambda conn: conn.execute(SETTLE_WATCH, params))
+
+    async def expire_watches(self, *, now: float) -> int:
+        async def run(conn: aiosqlite.Connection) -> int:
+            return int((await conn.execute(EXPIRE_WATCHES, {"now": now})).rowcount)
+
+        return await self._write_tx(run)
+
+    async def list_watches(
+        self, *, state: str | None = None, limit: int = 100, offset: int = 0
+    ) -> list[WatchRecord]:
+        limit, offset = max(limit, 0), max(offset, 0)
+
+        async def run(conn: aiosqlite.Connection) -> list[WatchRecord]:
+            if state is None:
+                return watch_records(await conn.execute_fetchall(LIST_WATCHES, (limit, offset)))
+            params = (state, limit, offset)
+            return watch_records(await conn.execute_fetchall(LIST_WATCHES_BY_STATE, params))
+
+        return await self._read_tx(run)
+
+    async def watch_counts(self) -> dict[str, int]:
+        async def run(conn: aiosqlite.Connection) -> dict[str, int]:
+            return {row[0]: int(row[1]) for row in await conn.execute_fetchall(WATCH_COUNTS)}
+
+        return await self._read_tx(run)
+
+    async def known_outcomes(self, keys: list[str]) -> set[str]:
+        if not keys:
+            return set()
+
+        async def run(conn: aiosqlite.Connection) -> set[str]:
+            rows = await conn.execute_fetchall(KNOWN_OUTCOMES, (json.dumps(keys),))
+            return {row[0] for row in rows}
+
+        return await self._read_tx(run)
