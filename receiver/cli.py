@@ -52,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--role", choices=("all", "intake", "worker"), default="all")
 
     with_config(commands.add_parser("check-config", help="validate the config"))
+    health = with_config(
+        commands.add_parser("healthcheck", help="exit 0 when the running receiver is ready")
+    )
+    health.add_argument("--live", action="store_true", help="only check that it runs (/healthz)")
 
     sign = commands.add_parser("sign", help="print signed webhook headers for a payload file")
     sign.add_argument("--secret", required=True)
@@ -292,6 +296,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     _run(serve(settings, role=args.role))
     return 0
+
+
+def cmd_healthcheck(args: argparse.Namespace) -> int:
+    from receiver.healthcheck import probe
+
+    ok, line = probe(_settings(args).admin, live=args.live)
+    print(line, file=sys.stdout if ok else sys.stderr)
+    return 0 if ok else EXIT_FAILED
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
@@ -626,6 +638,7 @@ def _run(coro: Any) -> Any:
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "serve": cmd_serve,
     "check-config": cmd_check_config,
+    "healthcheck": cmd_healthcheck,
     "sign": cmd_sign,
     "replay": cmd_replay,
     "events": cmd_events,
