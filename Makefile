@@ -105,7 +105,8 @@ image-smoke:  ## the Dockerfile's build steps in a throwaway virtualenv
 # `docker build -f deploy/docker/Dockerfile .` uses the official slim Python image instead.
 IMAGE ?= localhost/receiver
 # (the build stage is tagged $(IMAGE)-build so that pruning old images keeps its cache)
-IMAGE_BASE ?= localhost/receiver-python-base
+# The base's tag follows its recipe, so a changed recipe builds a new one.
+IMAGE_BASE ?= localhost/receiver-python-base:$(shell sha256sum deploy/docker/debian-base.sh | cut -c1-12)
 IMAGE_EXTRAS ?= postgres
 IMAGE_COMMANDS := podman:podman buildah:buildah debootstrap:debootstrap
 

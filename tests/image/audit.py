@@ -93,5 +93,6 @@ def contents(root: Path) -> list[str]:
         check(not text or name == "etc/pip.conf", f"/{name} is in the image")
     return [
         "holds the virtualenv and config only: no /src, no tests, no pip/apt caches",
-        f"no build tools ({', '.join(BUILD_TOOLS)}); no secrets in its config or package settings",
+        f"no pip or setuptools in the virtualenv, no {', '.join(BUILD_TOOLS)}",
+        "no secrets in its config or package settings",
     ]

@@ -28,19 +28,21 @@ from tests.helpers import free_port
 
 
 class Simulator:
-    """``receiver simulate`` in a subprocess, sending ``events`` webhooks to ``target``."""
+    """``receiver simulate`` in a subprocess, sending ``events`` webhooks to ``target``.
+
+    It runs until stopped: the receivers still fetch jobs and files from its API after the
+    last webhook was answered."""
 
     def __init__(self, workdir: Path, *, target: str, secret: str, events: int, rate: float):
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
-        self.summary_path = workdir / "simulator-summary.json"
         self.log_path = workdir / "simulator.log"
         self.argv = [
             *(sys.executable, "-m", "receiver", "simulate", "--port", str(self.port)),
             *("--target", target, "--secret", secret, "--events", str(events)),
             *("--rate", str(rate), "--duplicates", "0.1", "--time-scale", "0.001"),
-            *("--until-done", "--summary-json", str(self.summary_path)),
         ]
+        self.summary_url = f"http://127.0.0.1:{self.port}/_simulator/summary"
         self.proc: asyncio.subprocess.Process | None = None
 
     async def start(self) -> None:
@@ -61,12 +63,17 @@ class Simulator:
                     await asyncio.sleep(0.1)
         raise AssertionError(f"the simulator did not start:\n{self.log_path.read_text()}")
 
-    async def finish(self, timeout: float) -> dict[str, Any]:
-        """Wait until every delivery has ended; the summary (exit 0: every event got a 2xx)."""
-        assert self.proc is not None
-        status = await asyncio.wait_for(self.proc.wait(), timeout)
-        summary: dict[str, Any] = json.loads(self.summary_path.read_text())
-        summary["exit_status"] = status
+    async def settled(self, timeout: float) -> dict[str, Any]:
+        """Wait until every event is generated and every delivery has ended; the summary."""
+        summary: dict[str, Any] = {}
+
+        async def done() -> bool:
+            nonlocal summary
+            status, body = await get(self.summary_url)
+            summary = json.loads(body) if status == 200 else {}
+            return bool(summary.get("settled"))
+
+        await wait_until(done, timeout, "the simulator's deliveries to end")
         return summary
 
     async def stop(self) -> None:
