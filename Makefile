@@ -28,7 +28,7 @@ simulate: $(VENV)/.installed  ## start the local upstream stand-in on 127.0.0.1:
 # --- local testing: the simulator and a receiver together ---
 .PHONY: demo
 demo: $(VENV)/.installed  ## simulator + receiver, a mix of events with faults, a report; < 1 min
-	$(BIN)/python -m receiver.demo
+	$(BIN)/python -m receiver.simulator.demo
 
 test: $(VENV)/.installed-dev  ## the whole suite
 	$(BIN)/pytest -q

@@ -1,7 +1,8 @@
 """Run a module on a chosen event loop: ``python -m bench.loop asyncio|uvloop MODULE ARGS...``.
 
-``receiver serve`` (and the baselines, through the same ``receiver.cli._run``) use uvloop
-whenever it is importable; ``asyncio`` hides it so a run can compare both loops on one install.
+``receiver serve`` (and the baselines, through the same ``receiver.cli.common.run_async``) use
+uvloop whenever it is importable; ``asyncio`` hides it so a run can compare both loops on one
+install.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from collections import Counter
 
 from aiohttp import web
 
-from receiver.cli import _run
+from receiver.cli.common import run_async
 from receiver.simulator import png_bytes
 
 PNG = png_bytes(label="receiver benchmark asset")
@@ -124,4 +124,4 @@ if __name__ == "__main__":
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--latency", type=float, default=0.0)
     args = parser.parse_args()
-    _run(serve(args.port, args.latency))
+    run_async(serve(args.port, args.latency))

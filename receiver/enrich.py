@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from receiver.errors import NotReady, TransientError
-from receiver.sinks.base import Enriched, FileRef
+from receiver.events import Enriched, FileRef
 from receiver.store.base import EventRecord
 
 UNFINISHED_JOB_STATES = frozenset({"pending", "processing"})

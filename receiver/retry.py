@@ -1,14 +1,22 @@
-"""Retry decisions: a pure function of the error, the attempts made and a random source."""
+"""Retry decisions: a pure function of the error, the attempts made and a random source; and
+the reading of a `Retry-After` header, which feeds them."""
 
 from __future__ import annotations
 
+import math
 import random
+import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC
+from email.utils import parsedate_to_datetime
 
 from receiver.errors import PermanentError
 
 # An upstream Retry-After is honoured up to a day; beyond that it is more likely a mistake.
 MAX_RETRY_AFTER_SECONDS = 24 * 3600.0
+_SECONDS = re.compile(r"\d+(\.\d+)?")
 
 
 @dataclass(frozen=True)
@@ -51,3 +59,25 @@ class RetryPolicy:
         if retry_after is not None:
             delay = max(delay, min(float(retry_after), MAX_RETRY_AFTER_SECONDS))
         return Decision(dead=False, delay=delay, reason=message)
+
+
+def parse_retry_after(value: str | None, *, now: Callable[[], float] = time.time) -> float | None:
+    """Seconds to wait from a ``Retry-After`` value: delta-seconds or an HTTP date.
+
+    A date in the past gives 0; a missing or unparseable value gives ``None``.
+    """
+    if value is None:
+        return None
+    value = value.strip()
+    if not value:
+        return None
+    if _SECONDS.fullmatch(value):
+        seconds = float(value)
+        return seconds if math.isfinite(seconds) else None
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, when.timestamp() - now())

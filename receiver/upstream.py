@@ -21,12 +21,7 @@ never logged nor put in an exception message.
 from __future__ import annotations
 
 import json
-import math
-import re
 import time
-from collections.abc import Callable
-from datetime import UTC
-from email.utils import parsedate_to_datetime
 from typing import Any, NoReturn
 from urllib.parse import quote
 
@@ -36,6 +31,7 @@ from receiver import __version__
 from receiver.errors import PermanentError, TransientError, UpstreamAuthError
 from receiver.logs import get_logger, redact_url
 from receiver.metrics import Metrics
+from receiver.retry import parse_retry_after
 
 log = get_logger(__name__)
 
@@ -48,32 +44,9 @@ WEBHOOK_ENDPOINT = "/webhooks/{id}"
 _RETRYABLE_4XX = frozenset({408, 409, 425})
 #: The spec's long-poll ceiling for ``GET /jobs/{id}?wait=true``.
 MAX_WAIT_SECONDS = 120.0
-_SECONDS = re.compile(r"\d+(\.\d+)?")
 #: A guard against a list that never says it has no more pages.
 _MAX_PAGES = 100
 _MAX_MESSAGE = 300
-
-
-def parse_retry_after(value: str | None, *, now: Callable[[], float] = time.time) -> float | None:
-    """Seconds to wait from a ``Retry-After`` value: delta-seconds or an HTTP date.
-
-    A date in the past gives 0; a missing or unparseable value gives ``None``.
-    """
-    if value is None:
-        return None
-    value = value.strip()
-    if not value:
-        return None
-    if _SECONDS.fullmatch(value):
-        seconds = float(value)
-        return seconds if math.isfinite(seconds) else None
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError, OverflowError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return max(0.0, when.timestamp() - now())
 
 
 class UpstreamClient:

@@ -25,10 +25,11 @@ from receiver import faults
 from receiver.config import Settings
 from receiver.enrich import Enricher
 from receiver.errors import DeliveryError, StoreError, TransientError, UnknownEvent
+from receiver.events import Enriched
 from receiver.logs import get_logger
 from receiver.metrics import Metrics
 from receiver.retry import RetryPolicy
-from receiver.sinks.base import Enriched, Sink
+from receiver.sinks.base import Sink
 from receiver.store.base import Claim, DeliveryRecord, Outcome, Store
 
 log = get_logger("receiver.worker")

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from receiver.sinks.base import Enriched
+from receiver.events import Enriched
 from tests.conftest import service_reachable
 
 

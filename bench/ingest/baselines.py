@@ -26,7 +26,7 @@ import aiosqlite
 from aiohttp import web
 
 from bench.common import SECRET
-from receiver.cli import _run
+from receiver.cli.common import run_async
 from receiver.errors import SignatureError
 from receiver.signature import SIGNATURE_HEADER, verify
 
@@ -109,4 +109,4 @@ if __name__ == "__main__":
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--db", default="baseline.db")
     parser.add_argument("--synchronous", choices=("full", "normal"), default="full")
-    _run(main(parser.parse_args()))
+    run_async(main(parser.parse_args()))

@@ -28,8 +28,9 @@ from aio_pika.exceptions import DeliveryError as Nacked
 
 from receiver.config import SinkSettings
 from receiver.errors import TransientError
+from receiver.events import Enriched
 from receiver.logs import get_logger, redact_url
-from receiver.sinks.base import Enriched, SinkContext
+from receiver.sinks.base import SinkContext
 from receiver.sinks.template import render, routing_fields
 
 log = get_logger(__name__)

@@ -32,11 +32,12 @@ from yarl import URL
 
 from receiver.config import SinkSettings
 from receiver.errors import DeliveryError, NotReady, PermanentError, TransientError
+from receiver.events import Enriched, FileRef
 from receiver.logs import get_logger, redact_url
 from receiver.metrics import Metrics
 from receiver.netguard import AddressPolicy, GuardedClient, is_public_address
-from receiver.sinks.base import Enriched, FileRef, SinkContext
-from receiver.upstream import parse_retry_after
+from receiver.retry import parse_retry_after
+from receiver.sinks.base import SinkContext
 
 log = get_logger(__name__)
 

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from receiver.errors import PermanentError, TransientError
-from receiver.upstream import parse_retry_after
+from receiver.retry import parse_retry_after
 
 SNIPPET_BYTES = 300
 

@@ -61,7 +61,7 @@ SINK_TYPES: dict[str, SinkType] = {
         },
     ),
     "redis": SinkType(
-        module="receiver.sinks.redis_stream",
+        module="receiver.sinks.redis",
         extra="redis",
         import_name="redis",
         check=checks.check_redis,
@@ -92,7 +92,7 @@ SINK_TYPES: dict[str, SinkType] = {
         },
     ),
     "nats": SinkType(
-        module="receiver.sinks.nats_jetstream",
+        module="receiver.sinks.nats",
         extra="nats",
         import_name="nats",
         check=checks.check_nats,
@@ -108,7 +108,7 @@ SINK_TYPES: dict[str, SinkType] = {
         },
     ),
     "slack": SinkType(
-        module="receiver.sinks.chat",
+        module="receiver.sinks.slack",
         check=checks.check_chat,
         options={
             "url": Option(str, required=True, help="the incoming-webhook URL (a secret)"),
@@ -122,7 +122,7 @@ SINK_TYPES: dict[str, SinkType] = {
         },
     ),
     "http": SinkType(
-        module="receiver.sinks.http_forward",
+        module="receiver.sinks.http",
         check=checks.check_http,
         options={
             "url": Option(str, required=True, help="where the enriched event is POSTed"),
@@ -131,7 +131,7 @@ SINK_TYPES: dict[str, SinkType] = {
         },
     ),
     "exec": SinkType(
-        module="receiver.sinks.exec_command",
+        module="receiver.sinks.exec",
         check=checks.check_exec,
         options={
             "command": Option(list, required=True, item_kind=str, help="argv, never a shell"),

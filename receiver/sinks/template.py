@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from receiver.sinks.base import Enriched
+    from receiver.events import Enriched
 
 #: Fields a chat ``template`` may use; ``url_<asset type>`` (e.g. ``{url_image}``) as well.
 MESSAGE_FIELDS = (

@@ -1,17 +1,16 @@
-"""The SQLite inbox: WAL mode, one writer thread with group commit, a separate reader thread.
+"""The SQLite inbox: WAL mode on aiosqlite, group commit for intake, reads on their own connection.
 
-Every write goes through one thread that owns the write connection, so the process never contends
-with itself for SQLite's single write lock. Concurrent :meth:`SqliteStore.add_event` calls, and
-the workers' claims and settles, are queued and written together: whatever is waiting when the
-writer comes round goes into one transaction with one fsync, and each caller is answered only
-after that commit. The event loop only enqueues and is woken once per group, so intake costs the
-loop almost nothing beyond the request itself. Reads use their own connection on their own thread
-(WAL readers never block the writer). Checkpoints (copying the WAL back into the database file,
-and its fsync) run on a third thread, so a commit normally only appends to the WAL.
+Concurrent :meth:`SqliteStore.add_event` calls are gathered in the event loop (see
+:mod:`receiver.store.batching`) and written together: one transaction, one multi-row INSERT per
+table, one commit (one fsync) for the whole group, and each caller answered only after that
+commit. Workers' claims and settles run on a connection of their own, reads on a query-only one
+(WAL readers never block the writer), and checkpoints on a fourth, so a commit normally only
+appends to the WAL.
 
 Any sqlite3 error that means the file is unusable (locked, read-only, full, I/O error, corrupt)
-becomes :class:`~receiver.errors.StoreUnavailable` for the whole group and drops the connection
-it happened on; the next group reconnects, so the store heals once the fault clears.
+becomes :class:`~receiver.errors.StoreUnavailable` for the callers of that transaction and drops
+the connection it happened on; the next transaction reconnects, so the store heals once the
+fault clears.
 """
 
 from __future__ import annotations
@@ -20,15 +19,13 @@ import asyncio
 import contextlib
 import functools
 import json
-import queue
 import sqlite3
-import threading
-import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+
+import aiosqlite
 
 from receiver.config import StoreSettings
 from receiver.errors import ConfigError, StoreUnavailable, UnknownEvent
@@ -41,6 +38,7 @@ from receiver.store.base import (
     Outcome,
     event_records,
 )
+from receiver.store.batching import GroupCommit
 
 T = TypeVar("T")
 
@@ -158,7 +156,7 @@ DELIVERY_ROW = "(?, ?, 'pending', 0, ?, NULL, ?)"
 # 8 parameters a row: well under SQLite's 32766 parameters a statement.
 ROWS_PER_STATEMENT = 256
 
-# Checkpoints run on their own thread, once this many events and jobs were written since the
+# Checkpoints run on their own connection, once this many events and jobs were written since the
 # last one, or at least every CHECKPOINT_INTERVAL_SECONDS when anything was: each checkpoint
 # ends with an fsync of the database file, which every other fsync on the disk waits behind.
 CHECKPOINT_EVERY_ITEMS = 500
@@ -302,20 +300,18 @@ def _unavailable(exc: BaseException, path: Path) -> StoreUnavailable:
 
 
 # Errors that mean "the database file is not usable right now", never a bug in this module.
+# Errors that mean "the database file is not usable right now", never a bug in this module.
 _DB_ERRORS = (sqlite3.Error, OSError)
-# sqlite3 errors that come from one statement's arguments, not from the file: they fail only the
-# job (or event) that caused them, and the rest of the group still commits.
+# Errors that come from one statement's arguments, not from the file: they fail only the event
+# (or job) that caused them. A str with a lone surrogate cannot be encoded for SQLite at all.
 _ITEM_ERRORS = (
     sqlite3.IntegrityError,
     sqlite3.ProgrammingError,
     sqlite3.InterfaceError,
     sqlite3.DataError,
     sqlite3.NotSupportedError,
+    UnicodeEncodeError,
 )
-
-
-def _is_item_error(exc: BaseException) -> bool:
-    return isinstance(exc, _ITEM_ERRORS)
 
 
 @functools.lru_cache(maxsize=2 * ROWS_PER_STATEMENT)
@@ -324,55 +320,46 @@ def _rows_statement(head: str, row: str, count: int) -> str:
     return head + ", ".join([row] * count)
 
 
-def _insert_rows(
-    conn: sqlite3.Connection, head: str, row: str, rows: Sequence[tuple[Any, ...]]
+async def _insert_rows(
+    conn: aiosqlite.Connection, head: str, row: str, rows: Sequence[tuple[Any, ...]]
 ) -> None:
     for start in range(0, len(rows), ROWS_PER_STATEMENT):
         chunk = rows[start : start + ROWS_PER_STATEMENT]
         params = [value for values in chunk for value in values]
-        conn.execute(_rows_statement(head, row, len(chunk)), params)
+        await conn.execute(_rows_statement(head, row, len(chunk)), params)
 
 
 @dataclass(slots=True)
 class _Add:
     row: tuple[Any, ...]
     deliveries: list[tuple[Any, ...]]
-    future: asyncio.Future[bool]
 
     @property
     def id(self) -> str:
         return str(self.row[0])
 
 
-@dataclass(slots=True)
-class _Job:
-    fn: Callable[[sqlite3.Connection], Any]
-    future: asyncio.Future[Any]
-
-
-# (future, succeeded, result or exception), handed back to the event loop in one callback.
-_Result = tuple["asyncio.Future[Any]", bool, Any]
-
-_STOP = object()
-
-
-def _settle_futures(results: list[_Result]) -> None:
-    for future, ok, value in results:
-        if future.done():  # the caller was cancelled
-            continue
-        if ok:
-            future.set_result(value)
-        else:
-            future.set_exception(value)
-
-
 class SqliteStore:
-    """The inbox in one SQLite file (WAL), written by a single group-committing writer thread.
+    """The inbox in one SQLite file (WAL), on three aiosqlite connections.
 
-    ``path`` overrides the file named by ``settings.url``; ``busy_timeout`` is how long a write
-    waits for another process's lock before raising StoreUnavailable; ``max_batch`` caps the
-    items (events and jobs) written per transaction. :attr:`commit_count` counts committed write
-    transactions (tests use it to see group commit at work).
+    - *intake*: :meth:`add_event` calls are gathered by a
+      :class:`~receiver.store.batching.GroupCommit` and written as one transaction, with one
+      multi-row INSERT per table and one commit (one fsync) for the whole group.
+    - *work*: claims, settles, leases, redeliveries and prunes, each its own short transaction.
+    - *read*: query-only snapshots for get, list and counts (WAL readers never wait for writers).
+
+    Write transactions of this process take turns on one lock, so the process never waits on
+    SQLite's busy handler for itself; ``busy_timeout`` is how long a write waits for another
+    process's lock before raising StoreUnavailable. Checkpoints (copying the WAL back into the
+    database file, and its fsync) run on a fourth connection, off the commit path.
+
+    ``path`` overrides the file named by ``settings.url``; ``max_batch`` caps the events written
+    per transaction. :attr:`commit_count` counts committed write transactions.
+
+    Any sqlite3 error that means the file is unusable (locked, read-only, full, I/O error,
+    corrupt) becomes :class:`~receiver.errors.StoreUnavailable` for the callers of that
+    transaction and drops the connection; the next transaction reconnects, so the store heals
+    once the fault clears.
     """
 
     def __init__(
@@ -389,17 +376,17 @@ class SqliteStore:
         self.max_batch = max(1, max_batch)
         self.commit_count = 0
         self._sync = PRAGMA_SYNC_NORMAL if settings.synchronous == "normal" else PRAGMA_SYNC_FULL
-        self._write: sqlite3.Connection | None = None  # only the writer thread uses it
-        self._read: sqlite3.Connection | None = None  # only the reader thread uses it
-        self._queue: queue.SimpleQueue[_Add | _Job | object] = queue.SimpleQueue()
-        self._writer: threading.Thread | None = None
-        self._writer_done: asyncio.Future[None] | None = None
-        self._reader: ThreadPoolExecutor | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._checkpointer: threading.Thread | None = None
-        self._checkpoint_due = threading.Event()
-        self._checkpoint_stop = False
-        self._wal_long = False  # set by the checkpointer, cleared by the writer
+        self._intake: aiosqlite.Connection | None = None
+        self._work: aiosqlite.Connection | None = None
+        self._read: aiosqlite.Connection | None = None
+        # Loop-bound objects are made in open(): a store may be reopened on another event loop.
+        self._adds: GroupCommit[_Add, bool] | None = None
+        self._write_lock: asyncio.Lock | None = None
+        self._read_lock: asyncio.Lock | None = None
+        self._checkpoint_due: asyncio.Event | None = None
+        self._checkpointer: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._wal_long = False  # set by the checkpointer, cleared after the next commit
         self._since_checkpoint = 0  # items written since the last checkpoint
         self._open = False
 
@@ -408,107 +395,86 @@ class SqliteStore:
     async def open(self) -> None:
         if self._open:
             return
-        loop = asyncio.get_running_loop()
-        reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-store-reader")
+        self._write_lock = asyncio.Lock()
+        self._read_lock = asyncio.Lock()
+        self._checkpoint_due = asyncio.Event()
+        self._adds = GroupCommit(self._write_adds, max_batch=self.max_batch)
         try:
             await asyncio.to_thread(self.path.parent.mkdir, parents=True, exist_ok=True)
-            self._write = await asyncio.to_thread(self._open_write)
-            await loop.run_in_executor(reader, self._read_conn)
+            self._intake = await self._open_intake()
+            self._work = await self._connect()
+            self._read = await self._connect(query_only=True)
         except _DB_ERRORS as exc:
-            await self._close_connections(reader)
+            await self._close_connections()
             raise _unavailable(exc, self.path) from exc
         except BaseException:
-            await self._close_connections(reader)
+            await self._close_connections()
             raise
-        # Fresh per open: a store may be reopened on another event loop (tests do).
-        self._loop = loop
-        self._reader = reader
-        self._queue = queue.SimpleQueue()
-        self._writer_done = loop.create_future()
-        self._writer = threading.Thread(
-            target=self._writer_main, name="sqlite-store-writer", daemon=True
+        self._checkpointer = asyncio.get_running_loop().create_task(
+            self._checkpointer_main(), name="sqlite-store-checkpointer"
         )
-        self._writer.start()
-        self._checkpoint_due = threading.Event()
-        self._checkpoint_stop = False
-        self._checkpointer = threading.Thread(
-            target=self._checkpointer_main, name="sqlite-store-checkpointer", daemon=True
-        )
-        self._checkpointer.start()
         self._open = True
 
     async def close(self) -> None:
         if not self._open:
             return
         self._open = False
-        # Everything queued before the stop marker is still written and answered.
-        self._queue.put(_STOP)
-        if self._writer_done is not None:
-            await asyncio.shield(self._writer_done)
-        self._writer = None
+        # Everything submitted before is still written and answered.
+        if self._adds is not None:
+            await self._adds.drain()
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
         checkpointer, self._checkpointer = self._checkpointer, None
         if checkpointer is not None:
-            self._checkpoint_stop = True
-            self._checkpoint_due.set()
-            await asyncio.to_thread(checkpointer.join)
-        reader, self._reader = self._reader, None
-        await self._close_connections(reader)
+            checkpointer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await checkpointer
+        await self._close_connections()
 
-    async def _close_connections(self, reader: ThreadPoolExecutor | None) -> None:
-        write, self._write = self._write, None
-        if write is not None:
-            await asyncio.to_thread(_close_quietly, write)
-        if reader is not None:
-            await asyncio.get_running_loop().run_in_executor(reader, self._drop_read)
-            reader.shutdown(wait=False)
+    async def _close_connections(self) -> None:
+        for name in ("_intake", "_work", "_read"):
+            await self._drop(name)
 
-    def _connect(self) -> sqlite3.Connection:
-        # check_same_thread=False: the write connection is opened by open() and then used only
-        # by the writer thread; each connection is only ever used by one thread at a time.
-        conn = sqlite3.connect(
+    async def _drop(self, name: str) -> None:
+        conn = getattr(self, name)
+        setattr(self, name, None)
+        if conn is not None:
+            await _close_quietly(conn)
+
+    async def _connect(self, *, query_only: bool = False) -> aiosqlite.Connection:
+        conn = await aiosqlite.connect(
             self.path,
             timeout=self.busy_timeout,
             isolation_level=None,
-            check_same_thread=False,
             cached_statements=2 * ROWS_PER_STATEMENT,
         )
         try:
-            conn.execute(PRAGMA_FOREIGN_KEYS)
-            conn.execute(self._sync)
-            conn.execute(PRAGMA_JOURNAL_SIZE_LIMIT)
-            (mode,) = conn.execute(PRAGMA_JOURNAL_MODE).fetchone()
+            await conn.execute(PRAGMA_FOREIGN_KEYS)
+            await conn.execute(self._sync)
+            await conn.execute(PRAGMA_JOURNAL_SIZE_LIMIT)
+            ((mode,),) = await conn.execute_fetchall(PRAGMA_JOURNAL_MODE)
             # Switching needs a write; skip it when the file is already WAL (read-only files).
             if str(mode).lower() != "wal":
-                conn.execute(PRAGMA_WAL)
+                await conn.execute(PRAGMA_WAL)
+            if query_only:
+                await conn.execute(PRAGMA_QUERY_ONLY)
         except BaseException:
-            _close_quietly(conn)
+            await _close_quietly(conn)
             raise
         return conn
 
-    def _open_write(self) -> sqlite3.Connection:
-        conn = self._connect()
+    async def _open_intake(self) -> aiosqlite.Connection:
+        conn = await self._connect()
         try:
-            conn.execute(PRAGMA_NO_AUTOCHECKPOINT)
-            self._migrate(conn)
+            await conn.execute(PRAGMA_NO_AUTOCHECKPOINT)
+            await self._migrate(conn)
         except BaseException:
-            _close_quietly(conn)
+            await _close_quietly(conn)
             raise
         return conn
 
-    def _read_conn(self) -> sqlite3.Connection:
-        if self._read is None:
-            conn = self._connect()
-            conn.execute(PRAGMA_QUERY_ONLY)
-            self._read = conn
-        return self._read
-
-    def _drop_read(self) -> None:
-        conn, self._read = self._read, None
-        if conn is not None:
-            _close_quietly(conn)
-
-    def _migrate(self, conn: sqlite3.Connection) -> None:
-        version = _user_version(conn)
+    async def _migrate(self, conn: aiosqlite.Connection) -> None:
+        version = await _user_version(conn)
         if version == SCHEMA_VERSION:
             return  # nothing to write: opening a read-only file still works
         if version > SCHEMA_VERSION:
@@ -521,214 +487,196 @@ class SqliteStore:
                 f"the inbox database {self.path} has schema version {version}, this receiver "
                 f"needs {SCHEMA_VERSION}; enable store.auto_migrate"
             )
-        conn.execute(BEGIN_WRITE)
-        try:
-            # Read again under the write lock: another process may have migrated meanwhile.
-            version = _user_version(conn)
-            for statements in MIGRATIONS[version:]:
-                for statement in statements:
-                    conn.execute(statement)
-            conn.execute(COMMIT)
-        except BaseException:
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute(ROLLBACK)
-            raise
 
-    # -- the writer -----------------------------------------------------------------------------
+        async def apply(conn: aiosqlite.Connection) -> None:
+            # Read again under the write lock: another process may have migrated meanwhile.
+            for statements in MIGRATIONS[await _user_version(conn) :]:
+                for statement in statements:
+                    await conn.execute(statement)
+
+        await self._transaction(conn, apply)
+
+    # -- transactions ---------------------------------------------------------------------------
 
     def _check_open(self) -> None:
         if not self._open:
             raise StoreUnavailable("the inbox is not open")
-        if self._writer is None or not self._writer.is_alive():
-            raise StoreUnavailable("the inbox writer has stopped")
 
-    def _submit(self, item: _Add | _Job) -> None:
-        self._check_open()
-        self._queue.put(item)
-
-    def _writer_main(self) -> None:
+    async def _transaction(
+        self, conn: aiosqlite.Connection, body: Callable[[aiosqlite.Connection], Awaitable[T]]
+    ) -> T:
+        await conn.execute(BEGIN_WRITE)
         try:
-            while True:
-                items = [self._queue.get()]
-                while len(items) < self.max_batch:
-                    try:
-                        items.append(self._queue.get_nowait())
-                    except queue.Empty:
-                        break
-                work = [item for item in items if isinstance(item, _Add | _Job)]
-                if work:
-                    self._post(self._write_group(work))
-                    self._after_commit(len(work))
-                # close() enqueues _STOP after refusing new work, so nothing can follow it.
-                if len(work) < len(items):
-                    return
-        finally:
-            self._post_done()
+            value = await body(conn)
+            await conn.execute(COMMIT)
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error, ValueError):
+                await conn.execute(ROLLBACK)
+            raise
+        self.commit_count += 1
+        return value
 
-    def _after_commit(self, items: int) -> None:
-        """Wake the checkpointer when due; finish a long WAL's checkpoint so it can restart."""
-        self._since_checkpoint += items
-        if self._since_checkpoint >= CHECKPOINT_EVERY_ITEMS:
+    async def _detached(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run a transaction to its end even when the caller is cancelled meanwhile (a
+        transaction left open on a shared connection would take the next caller's statements)."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._forget)
+        return await asyncio.shield(task)
+
+    def _forget(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: a caller that went away is not an unhandled error
+
+    async def _write_adds(self, adds: list[_Add]) -> list[bool | BaseException]:
+        """One group of events: one transaction, new ids inserted, each told if it was new."""
+        assert self._write_lock is not None
+        async with self._write_lock:
+            try:
+                if self._intake is None:
+                    self._intake = await self._open_intake()
+                conn = self._intake
+                try:
+                    results: list[bool | BaseException] = list(
+                        await self._transaction(conn, functools.partial(_insert_new, adds=adds))
+                    )
+                except _ITEM_ERRORS:
+                    # One event's values are unacceptable: write them one by one so only it fails.
+                    results = await self._transaction(conn, self._insert_each(adds))
+            except _DB_ERRORS as exc:
+                await self._drop("_intake")
+                return [_unavailable(exc, self.path) for _ in adds]
+            if self._wal_long:
+                # The background checkpoint copied most of a long WAL; finishing it here, between
+                # two groups, lets the WAL restart even if the load never pauses.
+                self._wal_long = False
+                with contextlib.suppress(sqlite3.Error):
+                    await conn.execute_fetchall(CHECKPOINT)
+        self._since_checkpoint += len(adds)
+        if self._since_checkpoint >= CHECKPOINT_EVERY_ITEMS and self._checkpoint_due is not None:
             self._checkpoint_due.set()
-        if self._wal_long and self._write is not None:
-            self._wal_long = False
-            # The background checkpoint copied most of it: only the latest groups are left.
-            with contextlib.suppress(sqlite3.Error):
-                self._write.execute(CHECKPOINT).fetchall()
+        return results
 
-    def _checkpointer_main(self) -> None:
-        """Copy committed WAL pages into the database file, off the commit path."""
-        conn: sqlite3.Connection | None = None
+    def _insert_each(
+        self, adds: list[_Add]
+    ) -> Callable[[aiosqlite.Connection], Awaitable[list[bool | BaseException]]]:
+        async def run(conn: aiosqlite.Connection) -> list[bool | BaseException]:
+            results: list[bool | BaseException] = []
+            for add in adds:
+                await conn.execute(SAVEPOINT)
+                try:
+                    results += await _insert_new(conn, [add])
+                except _ITEM_ERRORS as exc:
+                    await conn.execute(ROLLBACK_SAVEPOINT)
+                    results.append(_unavailable(exc, self.path))
+                await conn.execute(RELEASE_SAVEPOINT)
+            return results
+
+        return run
+
+    async def _write_tx(self, fn: Callable[[aiosqlite.Connection], Awaitable[T]]) -> T:
+        """Run ``fn`` in a write transaction of its own on the work connection."""
+        self._check_open()
+        return await self._detached(self._write_job(fn))
+
+    async def _write_job(self, fn: Callable[[aiosqlite.Connection], Awaitable[T]]) -> T:
+        assert self._write_lock is not None
+        async with self._write_lock:
+            try:
+                if self._work is None:
+                    self._work = await self._connect()
+                return await self._transaction(self._work, fn)
+            except _ITEM_ERRORS as exc:
+                raise _unavailable(exc, self.path) from exc
+            except _DB_ERRORS as exc:
+                await self._drop("_work")
+                raise _unavailable(exc, self.path) from exc
+
+    async def _read_tx(self, fn: Callable[[aiosqlite.Connection], Awaitable[T]]) -> T:
+        """Run ``fn`` on the read connection inside one snapshot."""
+        self._check_open()
+        return await self._detached(self._read_job(fn))
+
+    async def _read_job(self, fn: Callable[[aiosqlite.Connection], Awaitable[T]]) -> T:
+        assert self._read_lock is not None
+        async with self._read_lock:
+            try:
+                if self._read is None:
+                    self._read = await self._connect(query_only=True)
+                conn = self._read
+                await conn.execute(BEGIN_READ)
+                try:
+                    return await fn(conn)
+                finally:
+                    with contextlib.suppress(sqlite3.Error):
+                        await conn.execute(COMMIT)
+            except _DB_ERRORS as exc:
+                await self._drop("_read")
+                raise _unavailable(exc, self.path) from exc
+
+    # -- checkpoints ----------------------------------------------------------------------------
+
+    async def _checkpointer_main(self) -> None:
+        """Copy committed WAL pages into the database file, off the commit path: once
+        ``CHECKPOINT_EVERY_ITEMS`` were written, or every ``CHECKPOINT_INTERVAL_SECONDS`` when
+        anything was (each checkpoint ends with an fsync every other fsync waits behind)."""
+        due = self._checkpoint_due
+        assert due is not None
+        conn: aiosqlite.Connection | None = None
         try:
             while True:
-                self._checkpoint_due.wait(CHECKPOINT_INTERVAL_SECONDS)
-                if self._checkpoint_stop:
-                    return
-                self._checkpoint_due.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(due.wait(), CHECKPOINT_INTERVAL_SECONDS)
+                due.clear()
                 if not self._since_checkpoint:
                     continue
                 self._since_checkpoint = 0
                 try:
                     if conn is None:
-                        conn = self._connect()
-                    _busy, wal_pages, copied = conn.execute(CHECKPOINT).fetchone()
+                        conn = await self._connect()
+                    ((_busy, wal_pages, copied),) = await conn.execute_fetchall(CHECKPOINT)
                 except _DB_ERRORS:
                     if conn is not None:
-                        _close_quietly(conn)
-                    conn = None  # the writer reports the fault; try again later
+                        await _close_quietly(conn)
+                    conn = None  # the writers report the fault; try again later
                     self._since_checkpoint += 1
                     continue
                 self._wal_long = wal_pages >= WAL_RESTART_PAGES
                 if copied < wal_pages and self._since_checkpoint:
                     # Behind a busy writer: go again soon, without waiting for the next batch.
-                    time.sleep(CHECKPOINT_RETRY_SECONDS)
-                    self._checkpoint_due.set()
+                    await asyncio.sleep(CHECKPOINT_RETRY_SECONDS)
+                    due.set()
         finally:
             if conn is not None:
-                _close_quietly(conn)
-
-    def _post(self, results: list[_Result]) -> None:
-        assert self._loop is not None
-        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is waiting
-            self._loop.call_soon_threadsafe(_settle_futures, results)
-
-    def _post_done(self) -> None:
-        done = self._writer_done
-        if self._loop is None or done is None:
-            return
-
-        def finish() -> None:
-            if not done.done():
-                done.set_result(None)
-
-        with contextlib.suppress(RuntimeError):
-            self._loop.call_soon_threadsafe(finish)
-
-    def _write_group(self, items: list[_Add | _Job]) -> list[_Result]:
-        """Write every queued event and job in one transaction; the results once committed."""
-        adds = [item for item in items if isinstance(item, _Add)]
-        jobs = [item for item in items if isinstance(item, _Job)]
-        try:
-            if self._write is None:
-                self._write = self._open_write()
-            conn = self._write
-            conn.execute(BEGIN_WRITE)
-            try:
-                results = self._insert_events(conn, adds) if adds else []
-                results += [self._run_job(conn, job) for job in jobs]
-                conn.execute(COMMIT)
-            except BaseException:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute(ROLLBACK)
-                raise
-        except _DB_ERRORS as exc:
-            self._drop_write()
-            return [(item.future, False, _unavailable(exc, self.path)) for item in items]
-        except Exception as exc:  # a bug: fail the callers, keep the writer alive
-            self._drop_write()
-            return [(item.future, False, exc) for item in items]
-        self.commit_count += 1
-        return results
-
-    def _drop_write(self) -> None:
-        conn, self._write = self._write, None
-        if conn is not None:
-            _close_quietly(conn)
-
-    def _insert_events(self, conn: sqlite3.Connection, adds: list[_Add]) -> list[_Result]:
-        conn.execute(SAVEPOINT)
-        try:
-            results = _insert_new(conn, adds)
-        except sqlite3.Error as exc:
-            if not _is_item_error(exc):
-                raise
-            # One event's values are unacceptable: write them one by one so only it fails.
-            conn.execute(ROLLBACK_SAVEPOINT)
-            results = [self._run_job(conn, _Job(_single_insert(add), add.future)) for add in adds]
-        conn.execute(RELEASE_SAVEPOINT)
-        return results
-
-    def _run_job(self, conn: sqlite3.Connection, job: _Job) -> _Result:
-        conn.execute(SAVEPOINT)
-        try:
-            value = job.fn(conn)
-        except Exception as exc:
-            if isinstance(exc, _DB_ERRORS) and not _is_item_error(exc):
-                raise  # the file is unusable: the whole group fails
-            conn.execute(ROLLBACK_SAVEPOINT)
-            conn.execute(RELEASE_SAVEPOINT)
-            if isinstance(exc, sqlite3.Error):
-                return (job.future, False, _unavailable(exc, self.path))
-            return (job.future, False, exc)  # UnknownEvent, or a bug: the caller sees it
-        conn.execute(RELEASE_SAVEPOINT)
-        return (job.future, True, value)
-
-    async def _write_tx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn`` inside the next write transaction, on the writer thread."""
-        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._submit(_Job(fn, future))
-        return await future
-
-    async def _read_tx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn`` on the read connection inside one snapshot, on the reader thread."""
-        self._check_open()
-        assert self._reader is not None
-        return await asyncio.get_running_loop().run_in_executor(self._reader, self._read_sync, fn)
-
-    def _read_sync(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        try:
-            conn = self._read_conn()
-            conn.execute(BEGIN_READ)
-            try:
-                return fn(conn)
-            finally:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute(COMMIT)
-        except _DB_ERRORS as exc:
-            self._drop_read()
-            raise _unavailable(exc, self.path) from exc
+                await asyncio.shield(_close_quietly(conn))
 
     async def pragmas(self) -> dict[str, Any]:
-        """The settings in force on the write connection (journal mode, synchronous, ...)."""
-
-        def run(conn: sqlite3.Connection) -> dict[str, Any]:
-            journal, sync, fks, busy, version = conn.execute(PRAGMA_SETTINGS).fetchone()
-            return {
-                "journal_mode": str(journal).lower(),
-                "synchronous": {0: "off", 1: "normal", 2: "full", 3: "extra"}.get(sync, sync),
-                "foreign_keys": bool(fks),
-                "busy_timeout_ms": busy,
-                "user_version": version,
-            }
-
-        return await self._write_tx(run)
+        """The settings in force on the intake connection (journal mode, synchronous, ...)."""
+        self._check_open()
+        assert self._write_lock is not None
+        async with self._write_lock:
+            if self._intake is None:
+                raise StoreUnavailable("the inbox intake connection is down")
+            ((journal, sync, fks, busy, version),) = await self._intake.execute_fetchall(
+                PRAGMA_SETTINGS
+            )
+        return {
+            "journal_mode": str(journal).lower(),
+            "synchronous": {0: "off", 1: "normal", 2: "full", 3: "extra"}.get(sync, sync),
+            "foreign_keys": bool(fks),
+            "busy_timeout_ms": busy,
+            "user_version": version,
+        }
 
     # -- the Store interface --------------------------------------------------------------------
 
     async def ping(self) -> None:
-        await self._read_tx(lambda conn: conn.execute(PING).fetchall())
+        await self._read_tx(lambda conn: conn.execute_fetchall(PING))
 
     async def add_event(self, event: NewEvent) -> bool:
+        self._check_open()
+        assert self._adds is not None
         # The row is built here, in the caller's task, so a bad value fails only this caller.
         sinks = tuple(dict.fromkeys(event.sinks))
         received = event.received_at
@@ -743,9 +691,7 @@ class SqliteStore:
             received if sinks else None,
         )
         deliveries = [(event.id, sink, received, received) for sink in sinks]
-        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._submit(_Add(row, deliveries, future))
-        return await future
+        return await self._adds.submit(_Add(row, deliveries))
 
     async def claim(
         self, *, owner: str, limit: int, lease_seconds: float, now: float
@@ -754,12 +700,12 @@ class SqliteStore:
             return []
         params = {"owner": owner, "expires": now + lease_seconds, "now": now, "limit": limit}
 
-        def run(conn: sqlite3.Connection) -> list[Claim]:
-            rows = conn.execute(CLAIM, params).fetchall()
+        async def run(conn: aiosqlite.Connection) -> list[Claim]:
+            rows = list(await conn.execute_fetchall(CLAIM, params))
             if not rows:
                 return []
             rows.sort(key=lambda r: (r[7], r[8]))
-            events = _with_deliveries(conn, rows)
+            events = await _with_deliveries(conn, rows)
             return [
                 Claim(
                     event=ev,
@@ -783,13 +729,13 @@ class SqliteStore:
         if not event_ids:
             return
         params = (now + lease_seconds, json.dumps(list(event_ids)), owner)
-        await self._write_tx(lambda conn: conn.execute(EXTEND_LEASE, params).rowcount)
+        await self._write_tx(lambda conn: conn.execute(EXTEND_LEASE, params))
 
     async def release(self, event_ids: list[str], *, owner: str) -> None:
         if not event_ids:
             return
         params = (json.dumps(list(event_ids)), owner)
-        await self._write_tx(lambda conn: conn.execute(RELEASE, params).rowcount)
+        await self._write_tx(lambda conn: conn.execute(RELEASE, params))
 
     async def settle(self, event_id: str, sink: str, outcome: Outcome, *, now: float) -> None:
         if outcome.state == "pending":
@@ -799,19 +745,19 @@ class SqliteStore:
         error = None if outcome.state == "done" else outcome.error
         params = (outcome.state, int(outcome.attempted), nxt, error, now, event_id, sink)
 
-        def run(conn: sqlite3.Connection) -> None:
-            if conn.execute(SETTLE, params).rowcount == 0:
+        async def run(conn: aiosqlite.Connection) -> None:
+            if (await conn.execute(SETTLE, params)).rowcount == 0:
                 raise UnknownEvent(f"no delivery {sink!r} for event {event_id!r}")
-            conn.execute(RECOMPUTE_EVENTS, (json.dumps([event_id]),))
+            await conn.execute(RECOMPUTE_EVENTS, (json.dumps([event_id]),))
 
         await self._write_tx(run)
 
     async def get(self, event_id: str) -> EventRecord | None:
-        def run(conn: sqlite3.Connection) -> EventRecord | None:
-            rows = conn.execute(SELECT_EVENT, (event_id,)).fetchall()
+        async def run(conn: aiosqlite.Connection) -> EventRecord | None:
+            rows = list(await conn.execute_fetchall(SELECT_EVENT, (event_id,)))
             if not rows:
                 return None
-            return _with_deliveries(conn, rows)[0]
+            return (await _with_deliveries(conn, rows))[0]
 
         return await self._read_tx(run)
 
@@ -820,31 +766,31 @@ class SqliteStore:
     ) -> list[EventRecord]:
         limit, offset = max(limit, 0), max(offset, 0)
 
-        def run(conn: sqlite3.Connection) -> list[EventRecord]:
+        async def run(conn: aiosqlite.Connection) -> list[EventRecord]:
             if state is None:
-                rows = conn.execute(LIST_ALL, (limit, offset)).fetchall()
+                rows = await conn.execute_fetchall(LIST_ALL, (limit, offset))
             else:
-                rows = conn.execute(LIST_BY_STATE, (state, limit, offset)).fetchall()
-            return _with_deliveries(conn, rows)
+                rows = await conn.execute_fetchall(LIST_BY_STATE, (state, limit, offset))
+            return await _with_deliveries(conn, list(rows))
 
         return await self._read_tx(run)
 
     async def redeliver(self, event_id: str, *, now: float) -> int:
-        def run(conn: sqlite3.Connection) -> int:
-            if not conn.execute(EVENT_EXISTS, (event_id,)).fetchall():
+        async def run(conn: aiosqlite.Connection) -> int:
+            if not await conn.execute_fetchall(EVENT_EXISTS, (event_id,)):
                 raise UnknownEvent(f"no event {event_id!r} in the inbox")
-            count = conn.execute(REDELIVER, (now, now, event_id)).rowcount
-            conn.execute(RECOMPUTE_EVENTS, (json.dumps([event_id]),))
-            return count
+            count = (await conn.execute(REDELIVER, (now, now, event_id))).rowcount
+            await conn.execute(RECOMPUTE_EVENTS, (json.dumps([event_id]),))
+            return int(count)
 
         return await self._write_tx(run)
 
     async def redeliver_dead(self, *, now: float) -> int:
-        def run(conn: sqlite3.Connection) -> int:
-            rows = conn.execute(REDELIVER_DEAD, (now, now)).fetchall()
+        async def run(conn: aiosqlite.Connection) -> int:
+            rows = list(await conn.execute_fetchall(REDELIVER_DEAD, (now, now)))
             if rows:
                 ids = json.dumps(list({row[0] for row in rows}))
-                conn.execute(RECOMPUTE_EVENTS, (ids,))
+                await conn.execute(RECOMPUTE_EVENTS, (ids,))
             return len(rows)
 
         return await self._write_tx(run)
@@ -852,8 +798,8 @@ class SqliteStore:
     async def prune(self, *, older_than: float, batch: int = 1000) -> int:
         batch = max(batch, 1)
 
-        def run(conn: sqlite3.Connection) -> int:
-            return conn.execute(PRUNE_BATCH, (older_than, batch)).rowcount
+        async def run(conn: aiosqlite.Connection) -> int:
+            return int((await conn.execute(PRUNE_BATCH, (older_than, batch))).rowcount)
 
         total = 0
         # One short transaction per batch, so intake keeps committing in between.
@@ -864,8 +810,8 @@ class SqliteStore:
                 return total
 
     async def counts(self) -> tuple[dict[str, int], float | None]:
-        def run(conn: sqlite3.Connection) -> tuple[dict[str, int], float | None]:
-            row = conn.execute(COUNTS).fetchone()
+        async def run(conn: aiosqlite.Connection) -> tuple[dict[str, int], float | None]:
+            (row,) = await conn.execute_fetchall(COUNTS)
             counts: dict[str, int] = {state: int(row[i]) for i, state in enumerate(EVENT_STATES)}
             return counts, row[3]
 
@@ -879,46 +825,41 @@ class SqliteStore:
 _HEADERS_JSON = json.JSONEncoder(separators=(",", ":"))
 
 
-def _close_quietly(conn: sqlite3.Connection) -> None:
-    with contextlib.suppress(sqlite3.Error):
-        conn.close()
+async def _close_quietly(conn: aiosqlite.Connection) -> None:
+    with contextlib.suppress(sqlite3.Error, ValueError):
+        await conn.close()
 
 
-def _user_version(conn: sqlite3.Connection) -> int:
-    return int(conn.execute(PRAGMA_USER_VERSION).fetchone()[0])
+async def _user_version(conn: aiosqlite.Connection) -> int:
+    ((version,),) = await conn.execute_fetchall(PRAGMA_USER_VERSION)
+    return int(version)
 
 
-def _insert_new(conn: sqlite3.Connection, adds: list[_Add]) -> list[_Result]:
-    """Insert the events whose id is not stored yet; each add's result is whether it was new."""
+async def _insert_new(conn: aiosqlite.Connection, adds: list[_Add]) -> list[bool]:
+    """Insert the events whose id is not stored yet; for each add, whether it was new."""
     ids = json.dumps([add.id for add in adds])
-    seen = {row[0] for row in conn.execute(SELECT_EXISTING_IDS, (ids,))}
+    seen = {row[0] for row in await conn.execute_fetchall(SELECT_EXISTING_IDS, (ids,))}
     fresh: list[_Add] = []
-    results: list[_Result] = []
+    results: list[bool] = []
     for add in adds:
         is_new = add.id not in seen
-        results.append((add.future, True, is_new))
+        results.append(is_new)
         if is_new:
             seen.add(add.id)
             fresh.append(add)
     if fresh:
-        _insert_rows(conn, INSERT_EVENTS_HEAD, EVENT_ROW, [add.row for add in fresh])
+        await _insert_rows(conn, INSERT_EVENTS_HEAD, EVENT_ROW, [add.row for add in fresh])
         deliveries = [row for add in fresh for row in add.deliveries]
         if deliveries:
-            _insert_rows(conn, INSERT_DELIVERIES_HEAD, DELIVERY_ROW, deliveries)
+            await _insert_rows(conn, INSERT_DELIVERIES_HEAD, DELIVERY_ROW, deliveries)
     return results
 
 
-def _single_insert(add: _Add) -> Callable[[sqlite3.Connection], bool]:
-    def run(conn: sqlite3.Connection) -> bool:
-        ((_future, _ok, is_new),) = _insert_new(conn, [add])
-        return bool(is_new)
-
-    return run
-
-
-def _with_deliveries(conn: sqlite3.Connection, rows: Sequence[Sequence[Any]]) -> list[EventRecord]:
+async def _with_deliveries(
+    conn: aiosqlite.Connection, rows: Sequence[Sequence[Any]]
+) -> list[EventRecord]:
     """EventRecords for event rows (``EVENT_COLUMNS`` first), with their deliveries by sink."""
     if not rows:
         return []
     ids = json.dumps([row[0] for row in rows])
-    return event_records(rows, conn.execute(SELECT_DELIVERIES, (ids,)))
+    return event_records(rows, await conn.execute_fetchall(SELECT_DELIVERIES, (ids,)))

@@ -18,8 +18,8 @@ from structlog.testing import capture_logs
 
 from receiver.config import SinkSettings
 from receiver.errors import NotReady, PermanentError, TransientError
+from receiver.events import Enriched, FileRef
 from receiver.netguard import IPAddress, is_public_address
-from receiver.sinks.base import Enriched, FileRef
 from receiver.sinks.download import DownloadSink
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"p" * 5000

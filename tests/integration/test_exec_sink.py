@@ -12,7 +12,7 @@ import pytest
 
 from receiver.config import parse_settings
 from receiver.errors import PermanentError, TransientError
-from receiver.sinks.exec_command import ExecSink
+from receiver.sinks.exec import ExecSink
 from tests.helpers import wait_for
 from tests.peers import enriched_event
 

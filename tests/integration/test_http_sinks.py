@@ -11,8 +11,8 @@ import pytest
 from receiver.config import parse_settings
 from receiver.errors import PermanentError, TransientError
 from receiver.signature import verify
-from receiver.sinks.chat import ChatSink
-from receiver.sinks.http_forward import HttpSink
+from receiver.sinks.http import HttpSink
+from receiver.sinks.slack import ChatSink
 from tests.helpers import free_port
 from tests.peers import Capture, enriched_event
 

@@ -11,7 +11,7 @@ import pytest
 
 from receiver.config import parse_settings
 from receiver.errors import TransientError
-from receiver.sinks.nats_jetstream import NatsSink
+from receiver.sinks.nats import NatsSink
 from tests.conftest import require_service
 from tests.helpers import free_port, wait_for
 from tests.peers import LocalServer, enriched_event

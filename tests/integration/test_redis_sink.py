@@ -10,7 +10,7 @@ import redis.asyncio as aioredis
 
 from receiver.config import parse_settings
 from receiver.errors import PermanentError, TransientError
-from receiver.sinks.redis_stream import RedisStreamSink, marker_key
+from receiver.sinks.redis import RedisStreamSink, marker_key
 from tests.conftest import require_service
 from tests.helpers import free_port
 from tests.peers import LocalServer, enriched_event

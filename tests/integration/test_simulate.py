@@ -10,8 +10,8 @@ import pytest
 
 from receiver.app import Runtime
 from receiver.config import parse_settings
-from receiver.simulator_delivery import DeliveryFaults
-from receiver.simulator_run import SUMMARY_PATH, SimulateOptions, Simulation, render_summary
+from receiver.simulator.delivery import DeliveryFaults
+from receiver.simulator.run import SUMMARY_PATH, SimulateOptions, Simulation, render_summary
 from tests.helpers import free_port, wait_for
 from tests.integration.test_cli import assert_one_clean_line, run_cli
 

@@ -14,15 +14,15 @@ from aiohttp import web
 
 from receiver.signature import verify
 from receiver.simulator import DEFAULT_API_KEY, KINDS, Simulator
-from receiver.simulator_delivery import (
+from receiver.simulator.delivery import (
     DISABLE_AFTER_FAILURES,
     RETRY_SCHEDULE_SECONDS,
     DeliveryFaults,
-    WebhookSender,
     classify,
     latency_stats,
     retry_delays,
 )
+from receiver.simulator.sender import WebhookSender
 from tests.helpers import free_port, wait_for
 
 SECRET = "whsec_simulated"

@@ -1,4 +1,4 @@
-"""Checkpoints off the commit path: commits only append to the WAL, a background thread copies
+"""Checkpoints off the commit path: commits only append to the WAL, a connection of its own copies
 it into the database file, and under constant load the WAL still restarts (stays bounded)."""
 
 from __future__ import annotations
@@ -66,7 +66,10 @@ async def test_commits_never_checkpoint_but_finish_a_long_wal(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # No background checkpointer: whatever reaches the database file, a commit put there.
-    monkeypatch.setattr(SqliteStore, "_checkpointer_main", lambda self: None)
+    async def no_checkpoints(self: SqliteStore) -> None:
+        return None
+
+    monkeypatch.setattr(SqliteStore, "_checkpointer_main", no_checkpoints)
     db = tmp_path / "inbox.db"
     store = SqliteStore(StoreSettings(url=f"sqlite:///{db}"))
     await store.open()

@@ -24,7 +24,7 @@ from receiver.errors import (
 )
 from receiver.metrics import Metrics
 from receiver.simulator import Simulator
-from receiver.upstream import UpstreamClient, parse_retry_after
+from receiver.upstream import UpstreamClient
 
 API_KEY = "service_" + "ab" * 32
 
@@ -467,29 +467,6 @@ async def test_webhook_crud(client: UpstreamClient, sim: Simulator, metrics: Met
     assert count(metrics, "/webhooks", "400") == 1
     assert count(metrics, "/webhooks/{id}", "204") == 1
     assert count(metrics, "/webhooks/{id}", "404") == 1
-
-
-# ------------------------------------------------------------------ Retry-After parsing
-
-
-@pytest.mark.parametrize(
-    ("value", "expected"),
-    [
-        (None, None),
-        ("", None),
-        ("soon", None),
-        ("-5", None),
-        ("120", 120.0),
-        (" 3 ", 3.0),
-        ("1.5", 1.5),
-        ("Thu, 01 Jan 1970 00:01:40 GMT", 0.0),
-        ("Thu, 01 Jan 1970 00:03:20 GMT", 100.0),
-        ("Thursday, 01-Jan-70 00:03:20 GMT", 100.0),  # RFC 850, obsolete but allowed
-        ("Thu, 99 Foo 1970 00:03:20 GMT", None),
-    ],
-)
-def test_parse_retry_after(value: str | None, expected: float | None) -> None:
-    assert parse_retry_after(value, now=lambda: 100.0) == expected
 
 
 # ------------------------------------------------------------------ helpers

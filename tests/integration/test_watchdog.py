@@ -10,7 +10,7 @@ from receiver.app import Runtime
 from receiver.config import parse_settings
 from receiver.metrics import Metrics
 from receiver.simulator import Simulator
-from receiver.simulator_delivery import WebhookSender
+from receiver.simulator.sender import WebhookSender
 from receiver.upstream import UpstreamClient
 from receiver.watchdog import Watchdog
 from tests.helpers import free_port, wait_for

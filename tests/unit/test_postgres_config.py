@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from receiver.cli import describe
+from receiver.cli.check_config import describe
 from receiver.config import parse_settings
 from receiver.errors import ConfigError
 

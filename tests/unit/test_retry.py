@@ -1,7 +1,9 @@
 import random
 
+import pytest
+
 from receiver.errors import NotReady, PermanentError, TransientError
-from receiver.retry import MAX_RETRY_AFTER_SECONDS, RetryPolicy
+from receiver.retry import MAX_RETRY_AFTER_SECONDS, RetryPolicy, parse_retry_after
 
 
 def policy(**kw):
@@ -44,3 +46,26 @@ def test_longer_retry_after_wins_shorter_does_not():
 
 def test_unknown_exceptions_are_transient():
     assert not policy().decide(RuntimeError("boom"), 1).dead
+
+
+# ------------------------------------------------------------------ Retry-After parsing
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, None),
+        ("", None),
+        ("soon", None),
+        ("-5", None),
+        ("120", 120.0),
+        (" 3 ", 3.0),
+        ("1.5", 1.5),
+        ("Thu, 01 Jan 1970 00:01:40 GMT", 0.0),
+        ("Thu, 01 Jan 1970 00:03:20 GMT", 100.0),
+        ("Thursday, 01-Jan-70 00:03:20 GMT", 100.0),  # RFC 850, obsolete but allowed
+        ("Thu, 99 Foo 1970 00:03:20 GMT", None),
+    ],
+)
+def test_parse_retry_after(value: str | None, expected: float | None) -> None:
+    assert parse_retry_after(value, now=lambda: 100.0) == expected

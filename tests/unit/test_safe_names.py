@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from receiver.sinks.base import FileRef
+from receiver.events import FileRef
+from receiver.retry import parse_retry_after
 from receiver.sinks.download import (
     MAX_COMPONENT_BYTES,
     UNKNOWN_COLLECTION,
@@ -18,7 +19,6 @@ from receiver.sinks.download import (
     file_parts,
     safe_component,
 )
-from receiver.upstream import parse_retry_after
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import pytest
 from receiver.config import parse_settings
 from receiver.errors import ConfigError
 from receiver.sinks.checks import default_stream_subjects
-from receiver.sinks.exec_command import child_environment, command_limit
+from receiver.sinks.exec import child_environment, command_limit
 from receiver.sinks.template import field_names, render, template_problems
 from tests.peers import enriched_event
 
@@ -245,7 +245,7 @@ def test_config_example_documents_every_sink_type_and_key():
 
 
 def test_default_chat_text():
-    from receiver.sinks.chat import default_text
+    from receiver.sinks.slack import default_text
     from receiver.sinks.template import event_fields
 
     one = enriched_event(assets=({"id": "a1", "type": "logo", "file_url": "https://f/a1"},))
@@ -257,3 +257,15 @@ def test_default_chat_text():
         "❌ job.failed: image_generation job job_1 for “happy wave” failed: "
         "the provider refused the prompt"
     )
+
+
+def test_each_sink_module_is_named_after_its_type():
+    """One place to look for a type's code: ``type = "redis"`` lives in receiver/sinks/redis.py."""
+    import importlib
+
+    from receiver.sinks.registry import SINK_TYPES
+
+    for name, sink_type in SINK_TYPES.items():
+        assert sink_type.module == f"receiver.sinks.{name}"
+        module = importlib.import_module(sink_type.module)
+        assert module.__file__ is not None and module.__file__.endswith(f"sinks/{name}.py")

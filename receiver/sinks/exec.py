@@ -22,7 +22,8 @@ from collections.abc import Mapping
 
 from receiver.config import SinkSettings
 from receiver.errors import PermanentError, TransientError
-from receiver.sinks.base import Enriched, SinkContext
+from receiver.events import Enriched
+from receiver.sinks.base import SinkContext
 
 STDERR_TAIL_BYTES = 2000
 READ_CHUNK = 4096

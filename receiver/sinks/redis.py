@@ -26,8 +26,9 @@ from redis.exceptions import RedisError, ResponseError
 
 from receiver.config import SinkSettings
 from receiver.errors import PermanentError, TransientError
+from receiver.events import Enriched
 from receiver.logs import get_logger, redact_url
-from receiver.sinks.base import Enriched, SinkContext
+from receiver.sinks.base import SinkContext
 
 log = get_logger(__name__)
 

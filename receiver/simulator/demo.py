@@ -1,7 +1,7 @@
 """``make demo``: the simulator and a receiver, a mix of events with faults, then a report.
 
-Run from the project's root (``python -m receiver.demo``). It uses only the public commands, as a
-user would:
+Run from the project's root (``python -m receiver.simulator.demo``). It uses only the public
+commands, as a user would:
 
 1. ``receiver simulate`` on 127.0.0.1:18090, asked for a mix of jobs with faults on;
 2. ``receiver webhooks register`` subscribes the receiver's URL: the upstream's secret lands in

@@ -7,12 +7,30 @@ no second edit. It prints one line and exits 0 when the receiver answers 200, 1 
 
 from __future__ import annotations
 
+import argparse
 import ipaddress
 import json
+import sys
 import urllib.error
 import urllib.request
+from typing import Any
 
+from receiver.cli.common import EXIT_FAILED, settings_from, with_config
 from receiver.config import AdminSettings
+
+
+def add_parser(commands: Any) -> None:
+    health = with_config(
+        commands.add_parser("healthcheck", help="exit 0 when the running receiver is ready")
+    )
+    health.add_argument("--live", action="store_true", help="only check that it runs (/healthz)")
+
+
+def run(args: argparse.Namespace) -> int:
+    ok, line = probe(settings_from(args).admin, live=args.live)
+    print(line, file=sys.stdout if ok else sys.stderr)
+    return 0 if ok else EXIT_FAILED
+
 
 # An ops listener bound to every address is reached over the loopback of the same family.
 _WILDCARDS = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}  # noqa: S104

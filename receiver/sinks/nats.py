@@ -31,8 +31,9 @@ from nats.js import JetStreamContext
 
 from receiver.config import SinkSettings
 from receiver.errors import TransientError
+from receiver.events import Enriched
 from receiver.logs import get_logger, redact_url
-from receiver.sinks.base import Enriched, SinkContext
+from receiver.sinks.base import SinkContext
 from receiver.sinks.checks import default_stream_subjects
 from receiver.sinks.template import render, routing_fields
 

@@ -2,7 +2,7 @@
 
 :class:`Simulation` serves a :class:`~receiver.simulator.Simulator` over HTTP, generates jobs of
 the requested kinds at a steady rate, and delivers their webhooks with a
-:class:`~receiver.simulator_delivery.WebhookSender` to every active subscription: those created
+:class:`~receiver.simulator.sender.WebhookSender` to every active subscription: those created
 through ``POST /v1/webhooks`` (each signed with its own secret) and the ad-hoc one that
 ``--target URL --secret S`` adds. Generation starts once a subscription exists, so
 ``receiver simulate --events 20`` followed by ``receiver webhooks register --url ...`` works.
@@ -26,12 +26,10 @@ from typing import Any
 from aiohttp import web
 
 from receiver.logs import get_logger
-from receiver.simulator import KINDS, Simulator
-from receiver.simulator_delivery import (
-    ATTEMPT_TIMEOUT_SECONDS,
-    DeliveryFaults,
-    WebhookSender,
-)
+from receiver.simulator.api import Simulator
+from receiver.simulator.delivery import ATTEMPT_TIMEOUT_SECONDS, DeliveryFaults
+from receiver.simulator.model import KINDS
+from receiver.simulator.sender import WebhookSender
 
 log = get_logger("receiver.simulator")
 

@@ -20,9 +20,10 @@ from collections.abc import Callable
 import aiohttp
 
 from receiver.config import SinkSettings
+from receiver.events import Enriched
 from receiver.logs import redact_url
 from receiver.signature import webhook_headers
-from receiver.sinks.base import Enriched, SinkContext
+from receiver.sinks.base import SinkContext
 from receiver.sinks.posting import post
 
 GONE = 410

@@ -25,7 +25,8 @@ import aiohttp
 
 from receiver.config import SinkSettings
 from receiver.errors import TransientError
-from receiver.sinks.base import Enriched, SinkContext
+from receiver.events import Enriched
+from receiver.sinks.base import SinkContext
 from receiver.sinks.posting import origin, post
 from receiver.sinks.template import asset_urls, event_fields, render
 

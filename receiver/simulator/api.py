@@ -1,0 +1,282 @@
+"""The simulator over HTTP: the upstream's API under ``/v1`` and the files under ``/files``.
+
+:class:`Simulator` is :class:`~receiver.simulator.state.SimulatorState` with an aiohttp
+application (:meth:`Simulator.create_app`): the envelopes (``{"data": ...}`` /
+``{"error": {"code", "message"}}``), Bearer authentication, the fault knobs applied to each API
+call, long-polls, and CDN-style answers for the files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from receiver.simulator.model import EVENT_NAMES, TERMINAL_STATUSES
+from receiver.simulator.state import SimulatorState
+
+_LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+_MAX_WAIT_SECONDS = 120.0
+_DEFAULT_WAIT_SECONDS = 30.0
+_TICK = 0.02
+
+_STOPPING_KEY = web.AppKey("simulator_stopping", asyncio.Event)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class Simulator(SimulatorState):
+    """The upstream service in memory, served over HTTP.
+
+    The state, the fault knobs and the request counters are :class:`SimulatorState`'s.
+    """
+
+    # ----------------------------------------------------------------- HTTP
+
+    def create_app(self) -> web.Application:
+        """An aiohttp application serving the API under ``/v1`` and the files under ``/files``."""
+        app = web.Application(middlewares=[self._middleware()])
+        app[SIMULATOR_KEY] = self
+        app[_STOPPING_KEY] = asyncio.Event()
+
+        async def on_shutdown(app: web.Application) -> None:
+            app[_STOPPING_KEY].set()  # ends long-polls and latency sleeps at once
+
+        app.on_shutdown.append(on_shutdown)
+        app.router.add_get("/v1/jobs/{id}", self._get_job)
+        app.router.add_get("/v1/assets/{id}", self._get_asset)
+        app.router.add_get("/v1/webhooks", self._list_webhooks)
+        app.router.add_post("/v1/webhooks", self._create_webhook)
+        app.router.add_delete("/v1/webhooks/{id}", self._delete_webhook)
+        app.router.add_get("/files/{name}", self._get_file)
+        return app
+
+    def _middleware(self) -> Middleware:
+        @web.middleware
+        async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+            resource = request.match_info.route.resource
+            route = resource.canonical if resource is not None else request.path
+            key = f"{request.method} {route}"
+            self.requests[key] += 1
+            if not request.path.startswith("/v1/"):
+                response = await handler(request)
+            else:
+                request_id = f"req_{self.random.getrandbits(64):016x}"
+                response = await self._api_call(request, handler, request_id)
+                response.headers["Request-Id"] = request_id
+            self.responses[key, response.status] += 1
+            return response
+
+        return middleware
+
+    async def _api_call(
+        self, request: web.Request, handler: Handler, request_id: str
+    ) -> web.StreamResponse:
+        if self.latency_seconds > 0:
+            await _sleep(request.app, self.latency_seconds)
+        header = request.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        # An empty api_key means "accept any credential" (local runs without a key).
+        if self.api_key:
+            if not header:
+                return _error(401, "unauthorized", "Missing API key.", request_id)
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                token.strip().encode(), self.api_key.encode()
+            ):
+                return _error(401, "unauthorized", "Invalid or revoked API key.", request_id)
+        if self._roll(self.rate_limit_fraction):
+            response = _error(429, "rate_limited", "Too many requests.", request_id)
+            if self.retry_after is not None:
+                value = self.retry_after
+                response.headers["Retry-After"] = (
+                    value if isinstance(value, str) else str(math.ceil(value))
+                )
+            return response
+        if self._roll(self.error_fraction):
+            status = self.error_status
+            code = "internal" if status == 500 else "upstream_error"
+            return _error(status, code, "Simulated server error.", request_id)
+        if self._roll(self.invalid_json_fraction):
+            return web.Response(
+                status=200, body=b'{"data": {"id": "trunc', content_type="application/json"
+            )
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:  # no route, wrong method
+            code = "not_found" if exc.status == 404 else "method_not_allowed"
+            return _error(exc.status, code, exc.reason, request_id)
+
+    def _base(self, request: web.Request) -> str:
+        return self.public_base_url or str(request.url.origin())
+
+    async def _get_job(self, request: web.Request) -> web.Response:
+        job_id = request.match_info["id"]
+        if job_id not in self.jobs:
+            return _error(404, "not_found", "Job not found.")
+        if request.query.get("wait", "").lower() in ("true", "1"):
+            raw = request.query.get("timeout", str(_DEFAULT_WAIT_SECONDS))
+            try:
+                timeout = float(raw)
+            except ValueError:
+                timeout = -1.0
+            if not math.isfinite(timeout) or timeout < 0:
+                return _error(
+                    400,
+                    "validation_failed",
+                    "timeout must be a number of seconds.",
+                    param="timeout",
+                )
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + min(timeout, _MAX_WAIT_SECONDS)
+            stopping = request.app[_STOPPING_KEY]
+            while self.job_status(job_id) not in TERMINAL_STATUSES and not stopping.is_set():
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                await asyncio.sleep(min(_TICK, remaining))
+        return _data(self.job_json(job_id, self._base(request)))
+
+    async def _get_asset(self, request: web.Request) -> web.Response:
+        asset_id = request.match_info["id"]
+        if asset_id not in self.assets:
+            return _error(404, "not_found", "Asset not found.")
+        return _data(self.asset_json(asset_id, self._base(request)))
+
+    async def _get_file(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        try:
+            expires = int(request.query.get("expires", ""))
+        except ValueError:
+            return _cdn_error(403, "AccessDenied", "missing or malformed expires")
+        sig = request.query.get("sig", "")
+        if not hmac.compare_digest(sig.encode(), self._sign(name, expires).encode()):
+            return _cdn_error(403, "AccessDenied", "signature does not match")
+        if self.now() >= expires:
+            return _cdn_error(403, "AccessDenied", "request has expired")
+        asset_id = self._files.get(name)
+        if asset_id is None or self.asset_status(asset_id) != "completed":
+            return _cdn_error(404, "NoSuchKey", "the file does not exist yet")
+        asset = self.assets[asset_id]
+        return web.Response(
+            body=asset.data,
+            content_type=asset.content_type,
+            headers={"Cache-Control": "private, max-age=60"},
+        )
+
+    async def _list_webhooks(self, request: web.Request) -> web.Response:
+        try:
+            limit = int(request.query.get("limit", "50"))
+            offset = int(request.query.get("offset", "0"))
+        except ValueError:
+            limit = offset = -1
+        if not 1 <= limit <= 100 or offset < 0:
+            return _error(400, "validation_failed", "limit is 1 to 100 and offset >= 0.")
+        hooks = list(self.webhooks.values())
+        page = hooks[offset : offset + limit]
+        meta = {
+            "pagination": {
+                "total": len(hooks),
+                "limit": limit,
+                "offset": offset,
+                "has_more": offset + len(page) < len(hooks),
+            }
+        }
+        return _data([hook.as_json() for hook in page], meta=meta)
+
+    async def _create_webhook(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(400, "validation_failed", "The body is not JSON.")
+        if not isinstance(body, dict):
+            return _error(400, "validation_failed", "The body must be a JSON object.")
+        url = body.get("url")
+        if not isinstance(url, str) or not _acceptable_webhook_url(url):
+            return _error(
+                400,
+                "validation_failed",
+                "url must be an https URL (or http on localhost).",
+                param="url",
+            )
+        events = body.get("events")
+        if events is None:
+            events = list(EVENT_NAMES)
+        elif (
+            not isinstance(events, list)
+            or not events
+            or not all(isinstance(e, str) and e in EVENT_NAMES for e in events)
+        ):
+            return _error(
+                400,
+                "validation_failed",
+                f"events must be a non-empty subset of {list(EVENT_NAMES)}.",
+                param="events",
+            )
+        hook = self.add_webhook(url, events)
+        return _data(hook.as_json(with_secret=True), status=201)
+
+    async def _delete_webhook(self, request: web.Request) -> web.Response:
+        if self.webhooks.pop(request.match_info["id"], None) is None:
+            return _error(404, "not_found", "Webhook not found.")
+        return web.Response(status=204)
+
+
+SIMULATOR_KEY = web.AppKey("simulator", Simulator)
+
+
+def _acceptable_webhook_url(url: str) -> bool:
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+    except ValueError:
+        return False
+    if not host:
+        return False
+    return parts.scheme == "https" or (parts.scheme == "http" and host in _LOCAL_HOSTS)
+
+
+async def _sleep(app: web.Application, seconds: float) -> None:
+    """Sleep, but stop early when the application shuts down."""
+    stopping = app[_STOPPING_KEY]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while not stopping.is_set():
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            return
+        await asyncio.sleep(min(_TICK * 5, remaining))
+
+
+def _data(data: Any, *, status: int = 200, meta: dict[str, Any] | None = None) -> web.Response:
+    body: dict[str, Any] = {"data": data}
+    if meta is not None:
+        body["meta"] = meta
+    return web.json_response(body, status=status)
+
+
+def _error(
+    status: int,
+    code: str,
+    message: str,
+    request_id: str | None = None,
+    *,
+    param: str | None = None,
+) -> web.Response:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if param is not None:
+        error["param"] = param
+    if request_id is not None:
+        error["request_id"] = request_id
+    return web.json_response({"error": error}, status=status)
+
+
+def _cdn_error(status: int, code: str, message: str) -> web.Response:
+    """A CDN-style refusal: XML like S3/CloudFront, not the API's envelope."""
+    body = f"<?xml version='1.0'?><Error><Code>{code}</Code><Message>{message}</Message></Error>"
+    return web.Response(status=status, text=body, content_type="application/xml")
