@@ -115,7 +115,7 @@ image-tools:  ## podman, buildah and debootstrap, from Debian, only when missing
 	$(call apt-install-missing,$(IMAGE_COMMANDS))
 
 image: image-tools  ## build $(IMAGE) from Debian packages only, and print its size
-	@podman image exists $(IMAGE_BASE) || { \
+	@$(SUDO) podman image exists $(IMAGE_BASE) || { \
 		echo "building the base image $(IMAGE_BASE) with debootstrap (a few minutes, once)"; \
 		$(SUDO) deploy/docker/debian-base.sh $(IMAGE_BASE); }
 	@started=$$(date +%s); \

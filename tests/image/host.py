@@ -24,7 +24,7 @@ from aiohttp import web
 
 from receiver.errors import SignatureError
 from receiver.signature import verify
-from tests.helpers import free_port
+from tests.helpers import free_port, wait_for
 
 
 class Simulator:
@@ -73,13 +73,23 @@ class Simulator:
             summary = json.loads(body) if status == 200 else {}
             return bool(summary.get("settled"))
 
-        await wait_until(done, timeout, "the simulator's deliveries to end")
+        await wait_for(done, timeout, 0.2, "the simulator's deliveries to end")
         return summary
 
     async def stop(self) -> None:
         if self.proc is not None and self.proc.returncode is None:
             self.proc.kill()
             await self.proc.wait()
+
+
+async def serve_post(path: str, handler: Any, port: int) -> web.AppRunner:
+    """A one-route server on 127.0.0.1:``port``; clean it up with the runner."""
+    app = web.Application()
+    app.router.add_post(path, handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner
 
 
 class Consumer:
@@ -110,11 +120,7 @@ class Consumer:
         return web.Response(status=204)
 
     async def start(self) -> None:
-        app = web.Application()
-        app.router.add_post("/events", self._receive)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        self._runner = await serve_post("/events", self._receive, self.port)
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -155,11 +161,7 @@ class Balancer:
 
     async def start(self) -> None:
         self._session = aiohttp.ClientSession()
-        app = web.Application()
-        app.router.add_post("/webhooks", self._forward)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        self._runner = await serve_post("/webhooks", self._forward, self.port)
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -190,13 +192,3 @@ def metric(text: str, name: str, **labels: str) -> float:
         if all(f'{key}="{want}"' in series for key, want in labels.items()):
             total += float(value)
     return total
-
-
-async def wait_until(predicate: Any, timeout: float, what: str, interval: float = 0.2) -> None:
-    """Poll the async ``predicate`` until true; AssertionError naming ``what`` at ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await predicate():
-            return
-        await asyncio.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")

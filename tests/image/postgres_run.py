@@ -22,9 +22,9 @@ from typing import Any
 
 import asyncpg
 
-from tests.helpers import ROOT, free_port, write_config
+from tests.helpers import ROOT, free_port, wait_for, write_config
 from tests.image.container import Container, check
-from tests.image.host import Balancer, Consumer, Simulator, get, metric, wait_until
+from tests.image.host import Balancer, Consumer, Simulator, get, metric
 from tests.image.sqlite_run import (
     SECRET,
     SINK_SECRET,
@@ -105,7 +105,7 @@ async def run(image: str, meta: dict[str, Any], work: Path, say: Callable[[str],
                 )
                 return (await get(f"{url}/readyz"))[0] == 200
 
-            await wait_until(ready, 60, f"container {n}'s /readyz")
+            await wait_for(ready, 60, 0.2, f"container {n}'s /readyz")
         say(f"two containers ready on schema {schema} (ports {ports[0]} and {ports[1]})")
 
         await balancer.start()
@@ -116,7 +116,7 @@ async def run(image: str, meta: dict[str, Any], work: Path, say: Callable[[str],
             text = (await get(f"{ops[0]}/metrics"))[1]
             return metric(text, "receiver_webhook_requests_total", outcome="accepted") >= STOP_AFTER
 
-        await wait_until(first_has_taken_its_share, 60, "events at the first container")
+        await wait_for(first_has_taken_its_share, 60, 0.2, "events at the first container")
         text = (await get(f"{ops[0]}/metrics"))[1]
         accepted_first = metric(text, "receiver_webhook_requests_total", outcome="accepted")
         status = await containers[0].stop(
@@ -148,7 +148,7 @@ async def run(image: str, meta: dict[str, Any], work: Path, say: Callable[[str],
                 pending = await db.fetchval("SELECT count(*) FROM events WHERE state = 'pending'")
                 return pending == 0 and len(consumer.deliveries) >= EVENTS
 
-            await wait_until(settled, 120, "every event processed by the remaining container")
+            await wait_for(settled, 120, 0.2, "every event processed by the remaining container")
             states = Counter(r["state"] for r in await db.fetch("SELECT state FROM events"))
             deliveries = await db.fetch("SELECT event_id, sink, state FROM deliveries")
         finally:

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.helpers import ROOT, free_port, write_config
+from tests.helpers import ROOT, free_port, wait_for, write_config
 from tests.image.container import Container, check, process_uid
-from tests.image.host import Consumer, Simulator, get, metric, wait_until
+from tests.image.host import Consumer, Simulator, get, metric
 
 SECRET = "whsec_image_test_" + "5e" * 12
 API_KEY = "service_" + "3c" * 32
@@ -134,7 +134,7 @@ async def run(image: str, meta: dict[str, Any], work: Path, say: Callable[[str],
             )
             return (await get(f"{ops}/readyz"))[0] == 200
 
-        await wait_until(ready, 60, "/readyz")
+        await wait_for(ready, 60, 0.2, "/readyz")
         say(
             f"started: /readyz 200 after {time.monotonic() - started:.1f} s "
             f"(public :{public_port}, ops :{config['admin']['port']}, not the default 9091)"
@@ -165,7 +165,7 @@ async def run(image: str, meta: dict[str, Any], work: Path, say: Callable[[str],
                 == 0
             )
 
-        await wait_until(processed, 90, "every event processed")
+        await wait_for(processed, 90, 0.2, "every event processed")
         check(
             set(consumer.deliveries.values()) == {1} and consumer.bad_signatures == 0,
             f"http sink deliveries per event: {dict(consumer.deliveries)}",
