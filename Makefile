@@ -93,7 +93,8 @@ image-smoke:  ## the Dockerfile's build steps in a throwaway virtualenv
 	cp -r pyproject.toml README.md receiver $(IMAGE_SMOKE)/src/
 	find $(IMAGE_SMOKE)/src -name __pycache__ -prune -exec rm -rf {} +
 	$(PYTHON) -m venv $(IMAGE_SMOKE)/opt
-	$(IMAGE_SMOKE)/opt/bin/pip install --quiet --no-cache-dir $(IMAGE_SMOKE)/src
+	PIP_CONSTRAINT=deploy/docker/constraints.txt \
+		$(IMAGE_SMOKE)/opt/bin/pip install --quiet --no-cache-dir $(IMAGE_SMOKE)/src
 	RECEIVER_WEBHOOK_SECRETS=whsec_image_smoke $(IMAGE_SMOKE)/opt/bin/receiver check-config \
 		--config deploy/docker/config.toml
 	rm -rf $(IMAGE_SMOKE)
