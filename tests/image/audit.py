@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from tests.helpers import ROOT
 from tests.image.container import check, command
 
 SECRET_VARIABLES = (
@@ -24,6 +25,17 @@ SECRET_VARIABLES = (
 )
 BUILD_TOOLS = ("gcc", "cc", "c++", "g++", "make", "ld", "as", "git")
 CREDENTIAL_URL = re.compile(r"://[^/\s:@]+:[^/\s@]+@")
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def pinned_versions() -> dict[str, str]:
+    """deploy/docker/constraints.txt as {normalised name: version}."""
+    text = (ROOT / "deploy" / "docker" / "constraints.txt").read_text()
+    pairs = (line.split("==") for line in text.splitlines() if "==" in line)
+    return {_normal(name): version.strip() for name, version in pairs}
 
 
 def declared(meta: dict[str, Any]) -> list[str]:
@@ -75,6 +87,15 @@ def contents(root: Path) -> list[str]:
         if p.is_file() and p.name != "lock"
     ]
     check(not caches, f"caches in the image: {[str(p.relative_to(root)) for p in caches[:3]]}")
+    pinned = pinned_versions()
+    site = packaged[0].parent
+    stems = (d.name.removesuffix(".dist-info").rsplit("-", 1) for d in site.glob("*.dist-info"))
+    installed = {_normal(name): version for name, version in stems}
+    installed.pop("receiver", None)
+    unpinned = {n: v for n, v in installed.items() if pinned.get(n) != v}
+    check(installed and not unpinned, f"installed but not as pinned: {unpinned}")
+    leftovers = [p.name for p in site.iterdir() if p.name in ("pip", "setuptools", "pkg_resources")]
+    check(not leftovers, f"build tools in the image's virtualenv: {leftovers}")
     tools = [
         f"{d}/{t}"
         for d in ("usr/bin", "usr/local/bin", "opt/receiver/bin")
@@ -92,6 +113,7 @@ def contents(root: Path) -> list[str]:
         check(not CREDENTIAL_URL.search(text), f"a URL with credentials in /{name}")
         check(not text or name == "etc/pip.conf", f"/{name} is in the image")
     return [
+        f"{len(installed)} packages, each at its version in deploy/docker/constraints.txt",
         "holds the virtualenv and config only: no /src, no tests, no pip/apt caches",
         f"no pip or setuptools in the virtualenv, no {', '.join(BUILD_TOOLS)}",
         "no secrets in its config or package settings",
