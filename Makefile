@@ -132,7 +132,8 @@ image: image-tools  ## build $(IMAGE) from Debian packages only, and print its s
 			"$$((base / 1000000)) MB base), built in $$(( $$(date +%s) - started )) s"; }
 
 image-test: image $(VENV)/.installed-dev  ## run the image: SQLite, then two containers on Postgres
-	$(SUDO) $(BIN)/python -m tests.image --image $(IMAGE)
+	$(SUDO) env RECEIVER_REQUIRE_SERVICES="$$RECEIVER_REQUIRE_SERVICES" \
+		$(BIN)/python -m tests.image --image $(IMAGE)
 
 # --- Postgres: the store contract, outages, migrations and three replicas on one inbox --------
 .PHONY: test-postgres

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import shutil
 import sys
 import tempfile
@@ -30,7 +31,7 @@ async def inspect(image: str, work: Path, say: Reporter) -> dict[str, object]:
     say(f"{image}: {int(meta['Size']) / 1e6:.0f} MB")
     for line in audit.declared(meta):
         say(line)
-    container = Container(image, "receiver-image-test-audit", work / "audit.log")
+    container = Container(image, f"receiver-image-test-audit-{os.getpid()}", work / "audit.log")
     await container.create()
     try:
         async with audit.mounted(container.name) as root:
