@@ -88,9 +88,11 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: deploy-tools image-smoke
 
-deploy-tools: $(VENV)/.installed-deploy  ## install what tests/deploy needs
+# Installs the Debian packages of the commands in $(1) (command:package pairs) that are missing;
+# apt-get update only when there is something to install.
+define apt-install-missing
 	@missing=""; \
-	for pair in $(DEPLOY_COMMANDS); do \
+	for pair in $(1); do \
 		PATH="$$PATH:/usr/sbin:/sbin" command -v "$${pair%%:*}" >/dev/null \
 			|| missing="$$missing $${pair##*:}"; \
 	done; \
@@ -100,6 +102,10 @@ deploy-tools: $(VENV)/.installed-deploy  ## install what tests/deploy needs
 		&& $(SUDO) env DEBIAN_FRONTEND=noninteractive \
 			apt-get install -y -q --no-install-recommends $$missing; \
 	fi
+endef
+
+deploy-tools: $(VENV)/.installed-deploy  ## install what tests/deploy needs
+	$(call apt-install-missing,$(DEPLOY_COMMANDS))
 
 $(VENV)/.installed-deploy: pyproject.toml | $(VENV)/.installed-dev
 	$(BIN)/pip install --quiet -e '.[dev,deploy]'
@@ -115,13 +121,50 @@ image-smoke:  ## the Dockerfile's build steps in a throwaway virtualenv
 	cp -r pyproject.toml README.md receiver $(IMAGE_SMOKE)/src/
 	find $(IMAGE_SMOKE)/src -name __pycache__ -prune -exec rm -rf {} +
 	$(PYTHON) -m venv $(IMAGE_SMOKE)/opt
-	$(IMAGE_SMOKE)/opt/bin/pip install --quiet --no-cache-dir $(IMAGE_SMOKE)/src
+	PIP_CONSTRAINT=deploy/docker/constraints.txt \
+		$(IMAGE_SMOKE)/opt/bin/pip install --quiet --no-cache-dir $(IMAGE_SMOKE)/src
 	RECEIVER_WEBHOOK_SECRETS=whsec_image_smoke $(IMAGE_SMOKE)/opt/bin/receiver check-config \
 		--config deploy/docker/config.toml
 	$(IMAGE_SMOKE)/opt/bin/python -c "from receiver.web import render, ui; \
 		assert (ui.STATIC / 'ui.css').is_file() and (ui.STATIC / 'ui.js').is_file(); \
 		[render.ENVIRONMENT.get_template(t) for t in render.ENVIRONMENT.list_templates()]"
 	rm -rf $(IMAGE_SMOKE)
+
+# --- the container image, built and run for real --------------------------------------------
+# No Docker engine or registry is needed: the base is Debian's own python3 (debootstrap, made
+# once and kept as $(IMAGE_BASE)), podman builds deploy/docker/Dockerfile on it (--format docker
+# keeps the HEALTHCHECK), and tests/image runs the result with buildah. Elsewhere a plain
+# `docker build -f deploy/docker/Dockerfile .` uses the official slim Python image instead.
+IMAGE ?= localhost/receiver
+# (the build stage is tagged $(IMAGE)-build so that pruning old images keeps its cache)
+# The base's tag follows its recipe, so a changed recipe builds a new one.
+IMAGE_BASE ?= localhost/receiver-python-base:$(shell sha256sum deploy/docker/debian-base.sh | cut -c1-12)
+IMAGE_EXTRAS ?= postgres
+IMAGE_COMMANDS := podman:podman buildah:buildah debootstrap:debootstrap
+
+.PHONY: image-tools image image-test
+image-tools:  ## podman, buildah and debootstrap, from Debian, only when missing
+	$(call apt-install-missing,$(IMAGE_COMMANDS))
+
+image: image-tools  ## build $(IMAGE) from Debian packages only, and print its size
+	@$(SUDO) podman image exists $(IMAGE_BASE) || { \
+		echo "building the base image $(IMAGE_BASE) with debootstrap (a few minutes, once)"; \
+		$(SUDO) deploy/docker/debian-base.sh $(IMAGE_BASE); }
+	@started=$$(date +%s); \
+	for target in "--target build -t $(IMAGE)-build" "-t $(IMAGE)"; do \
+		$(SUDO) podman build --isolation chroot --network host --format docker \
+			--build-arg PYTHON_IMAGE=$(IMAGE_BASE) --build-arg EXTRAS=$(IMAGE_EXTRAS) \
+			-f deploy/docker/Dockerfile $$target . || exit 1; \
+	done \
+	&& $(SUDO) podman image prune --force >/dev/null \
+	&& $(SUDO) podman image inspect --format '{{.Size}}' $(IMAGE) $(IMAGE_BASE) | { \
+		read -r image; read -r base; \
+		echo "$(IMAGE): $$((image / 1000000)) MB ($$(((image - base) / 1000000)) MB on the" \
+			"$$((base / 1000000)) MB base), built in $$(( $$(date +%s) - started )) s"; }
+
+image-test: image $(VENV)/.installed-dev  ## run the image: SQLite, then two containers on Postgres
+	$(SUDO) env RECEIVER_REQUIRE_SERVICES="$$RECEIVER_REQUIRE_SERVICES" \
+		$(BIN)/python -m tests.image --image $(IMAGE)
 
 # --- Postgres: the store contract, outages, migrations and three replicas on one inbox --------
 .PHONY: test-postgres

@@ -1,7 +1,7 @@
 """deploy/docker/Dockerfile: hadolint, what the image promises, and its HEALTHCHECK for real.
 
-No Docker engine runs here, so the image is not built in the suite; `make image-smoke` (run by
-CI) repeats the Dockerfile's install steps in a throwaway virtualenv instead.
+The image itself is built and run by `make image-test` (tests/image, run by CI, not part of
+this suite); `make image-smoke` repeats the Dockerfile's install steps in a throwaway virtualenv.
 """
 
 import fnmatch
@@ -133,21 +133,29 @@ async def receiver_on_image_config(tmp_path):
         proc.stop()
 
 
-def healthcheck_command(ops_port):
-    """The HEALTHCHECK's exec form, run with this interpreter against the given ops port."""
+def healthcheck_command():
+    """The HEALTHCHECK's exec form, run with this interpreter's ``receiver``."""
     exec_form = re.search(r"CMD (\[.*\])", arguments("HEALTHCHECK")[0])
     assert exec_form
     command = json.loads(exec_form.group(1))
-    assert command[0] == "python"
-    default_port = str(image_config()["admin"]["port"])
-    assert f"127.0.0.1:{default_port}/healthz" in command[-1]
-    return [sys.executable, *command[1:-1], command[-1].replace(default_port, str(ops_port))]
+    assert command[:2] == ["receiver", "healthcheck"]
+    return [sys.executable, "-m", "receiver", *command[1:]]
 
 
-async def test_the_healthcheck_passes_while_the_receiver_runs_and_fails_after(
+async def test_the_healthcheck_follows_the_configs_admin_port_and_fails_once_stopped(
     receiver_on_image_config,
 ):
-    command = healthcheck_command(receiver_on_image_config.ops_port)
-    assert subprocess.run(command, capture_output=True, check=False).returncode == 0
+    """The image's config moved to another ops port: the HEALTHCHECK, which reads the config
+    $RECEIVER_CONFIG names (as in the image), asks that port."""
+    env = {**os.environ, "RECEIVER_CONFIG": str(receiver_on_image_config.config)}
+    env["RECEIVER_WEBHOOK_SECRETS"] = "whsec_healthcheck"
+    done = subprocess.run(healthcheck_command(), capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    assert (
+        done.stdout == f"http://127.0.0.1:{receiver_on_image_config.ops_port}/readyz: 200 ready\n"
+    )
     assert receiver_on_image_config.terminate() == 0
-    assert subprocess.run(command, capture_output=True, check=False).returncode != 0
+    done = subprocess.run(healthcheck_command(), capture_output=True, text=True, env=env)
+    assert done.returncode == 1
+    assert done.stdout == ""
+    assert done.stderr.count("\n") == 1 and "no answer" in done.stderr
