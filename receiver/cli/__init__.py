@@ -16,8 +16,8 @@ from receiver import __version__
 from receiver.cli import (
     check_config,
     events,
-    init,
     healthcheck,
+    init,
     migrate,
     reconcile,
     replay,

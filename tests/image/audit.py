@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from tests.helpers import ROOT
 from tests.image.container import check, command
+from tests.support.helpers import ROOT
 
 SECRET_VARIABLES = (
     "RECEIVER_WEBHOOK_SECRETS",

@@ -24,7 +24,7 @@ from aiohttp import web
 
 from receiver.errors import SignatureError
 from receiver.signature import verify
-from tests.helpers import free_port, wait_for
+from tests.support.helpers import free_port, wait_for
 
 
 class Simulator:

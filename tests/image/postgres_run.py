@@ -23,8 +23,6 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
-from tests.conftest import service_reachable
-from tests.helpers import ROOT, free_port, wait_for, write_config
 from tests.image.container import Container, check
 from tests.image.host import Balancer, Consumer, Simulator, get, metric
 from tests.image.sqlite_run import (
@@ -34,7 +32,9 @@ from tests.image.sqlite_run import (
     owner_problems,
     with_test_wiring,
 )
-from tests.postgres import POSTGRES_URL, new_schema_name
+from tests.support.helpers import ROOT, free_port, wait_for, write_config
+from tests.support.postgres import POSTGRES_URL, new_schema_name
+from tests.support.services import service_reachable
 
 EVENTS = 60
 STOP_AFTER = 12  # events the first container has accepted when it gets SIGTERM

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.helpers import ROOT, free_port, wait_for, write_config
 from tests.image.container import Container, check, process_uid
 from tests.image.host import Consumer, Simulator, get, metric
+from tests.support.helpers import ROOT, free_port, wait_for, write_config
 
 SECRET = "whsec_image_test_" + "5e" * 12
 API_KEY = "service_" + "3c" * 32

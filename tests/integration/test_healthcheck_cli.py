@@ -9,7 +9,7 @@ from aiohttp import web
 
 from receiver.cli.healthcheck import ops_url
 from receiver.config import AdminSettings
-from tests.helpers import ReceiverProcess, free_port, write_config
+from tests.support.helpers import ReceiverProcess, free_port, write_config
 
 SECRET = "whsec_healthcheck_cli"
 
