@@ -51,6 +51,18 @@ def error_response(status: int, code: str, message: str) -> web.Response:
     return web.json_response({"error": {"code": code, "message": message}}, status=status)
 
 
+def page_window(request: web.Request, default_limit: int) -> tuple[int, int] | web.Response:
+    """``limit`` (1..1000) and ``offset`` (>= 0) of an admin list, or the 400 answering them."""
+    try:
+        limit = int(request.query.get("limit", str(default_limit)))
+        offset = int(request.query.get("offset", "0"))
+    except ValueError:
+        return error_response(400, "invalid_request", "limit and offset must be integers")
+    if not 1 <= limit <= 1000 or offset < 0:
+        return error_response(400, "invalid_request", "limit must be 1..1000, offset >= 0")
+    return limit, offset
+
+
 def accepted_response(event_id: str, *, duplicate: bool) -> web.Response:
     """``{"received": true, "id": ..., "duplicate": ...}``, as json_response would write it.
 

@@ -11,7 +11,7 @@ from aiohttp import web
 
 from receiver.config import Settings
 from receiver.errors import StoreError, UnknownEvent
-from receiver.intake import error_response
+from receiver.intake import error_response, page_window
 from receiver.metrics import CONTENT_TYPE, Metrics
 from receiver.pull.admin import WatchAdmin
 from receiver.store.base import EVENT_STATES, LaneStats, Store
@@ -98,13 +98,10 @@ class Ops:
             return error_response(
                 400, "invalid_request", f"status must be one of {', '.join(EVENT_STATES)}"
             )
-        try:
-            limit = int(request.query.get("limit", "50"))
-            offset = int(request.query.get("offset", "0"))
-        except ValueError:
-            return error_response(400, "invalid_request", "limit and offset must be integers")
-        if not 1 <= limit <= 1000 or offset < 0:
-            return error_response(400, "invalid_request", "limit must be 1..1000, offset >= 0")
+        window = page_window(request, 50)
+        if isinstance(window, web.Response):
+            return window
+        limit, offset = window
         events = await self._store.list(state=state, limit=limit, offset=offset)
         data: list[dict[str, Any]] = [e.as_json(with_body=False) for e in events]
         return web.json_response({"data": data})

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from receiver.config import Settings
-from receiver.intake import error_response
+from receiver.intake import error_response, page_window
 from receiver.pull.watch import BadJobId, watch_jobs
 from receiver.store.base import Store
 from receiver.store.pull import WATCH_STATES
@@ -73,12 +73,9 @@ class WatchAdmin:
             return error_response(
                 400, "invalid_request", f"state must be one of {', '.join(WATCH_STATES)}"
             )
-        try:
-            limit = int(request.query.get("limit", "100"))
-            offset = int(request.query.get("offset", "0"))
-        except ValueError:
-            return error_response(400, "invalid_request", "limit and offset must be integers")
-        if not 1 <= limit <= 1000 or offset < 0:
-            return error_response(400, "invalid_request", "limit must be 1..1000, offset >= 0")
+        window = page_window(request, 100)
+        if isinstance(window, web.Response):
+            return window
+        limit, offset = window
         records = await self._store.list_watches(state=state, limit=limit, offset=offset)
         return web.json_response({"data": [r.as_json() for r in records]})
