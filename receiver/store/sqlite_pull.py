@@ -51,7 +51,7 @@ CREATE TABLE job_outcomes (
 ) WITHOUT ROWID
 """
 
-# The migration's statements; receiver.store.sqlite adds the user_version it brings.
+# The migration's statements; receiver.store.sqlite_schema adds the user_version it brings.
 PULL_SCHEMA: tuple[str, ...] = (
     CREATE_WATCHES,
     CREATE_INDEX_WATCHES_DUE,
