@@ -42,27 +42,15 @@ from receiver.config import StoreSettings
 from receiver.errors import StoreUnavailable
 from receiver.logs import get_logger, redact_url
 from receiver.store import rules
-from receiver.store.base import (
-    NewEvent,
-)
+from receiver.store.base import NewEvent
 from receiver.store.batching import GroupCommit
 from receiver.store.postgres_browse import PostgresBrowse
 from receiver.store.postgres_errors import _CONFLICTS, _DB_ERRORS
 from receiver.store.postgres_lanes import PostgresLanes
 from receiver.store.postgres_migrate import MigrationReport, PostgresMigrations
 from receiver.store.postgres_pull import PostgresPull
-from receiver.store.postgres_schema import (
-    MIGRATIONS,
-    SCHEMA_VERSION,
-    Migration,
-    _quote_ident,
-)
-from receiver.store.postgres_sql import (
-    ADD_EVENTS,
-    CHANNEL,
-    CLAIM_OUTCOMES,
-    PING,
-)
+from receiver.store.postgres_schema import MIGRATIONS, SCHEMA_VERSION, Migration, _quote_ident
+from receiver.store.postgres_sql import ADD_EVENTS, CHANNEL, CLAIM_OUTCOMES, PING
 from receiver.store.pull import outcome_key
 
 # Names other modules and tests read from here.

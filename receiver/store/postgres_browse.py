@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
 from receiver.errors import UnknownEvent
-from receiver.store.base import (
-    EVENT_STATES,
-    EventRecord,
-)
+from receiver.store.base import EVENT_STATES, EventRecord
 from receiver.store.browse import (
     Cursor,
     DeadGroup,
@@ -22,6 +18,7 @@ from receiver.store.browse import (
     lane_counts,
     numbered,
 )
+from receiver.store.postgres_mixin import PostgresMixin
 from receiver.store.postgres_pull import command_count as _count
 from receiver.store.postgres_sql import (
     CHANNEL,
@@ -49,22 +46,9 @@ from receiver.store.postgres_sql import (
     _with_deliveries,
 )
 
-T = TypeVar("T")
 
-
-class PostgresBrowse:
+class PostgresBrowse(PostgresMixin):
     """Reads, redeliveries, prunes and the inbox page of the Postgres store."""
-
-    if TYPE_CHECKING:
-        _schema: str
-
-        async def _run(
-            self,
-            fn: Callable[[Any], Awaitable[T]],
-            *,
-            transaction: bool = False,
-            snapshot: bool = False,
-        ) -> T: ...
 
     async def get(self, event_id: str) -> EventRecord | None:
         async def run(conn: Any) -> EventRecord | None:

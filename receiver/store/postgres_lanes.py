@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Mapping
+from typing import Any
 
 from receiver.errors import UnknownEvent
 from receiver.store import rules
@@ -20,6 +20,7 @@ from receiver.store.base import (
     lane_row,
     leased,
 )
+from receiver.store.postgres_mixin import PostgresMixin
 from receiver.store.postgres_pull import command_count as _count
 from receiver.store.postgres_sql import (
     CHANNEL,
@@ -47,22 +48,9 @@ from receiver.store.postgres_sql import (
     _records,
 )
 
-T = TypeVar("T")
 
-
-class PostgresLanes:
+class PostgresLanes(PostgresMixin):
     """Enrichment, lane claims, leases and settling of the Postgres store."""
-
-    if TYPE_CHECKING:
-        _schema: str
-
-        async def _run(
-            self,
-            fn: Callable[[Any], Awaitable[T]],
-            *,
-            transaction: bool = False,
-            snapshot: bool = False,
-        ) -> T: ...
 
     # -- enrichment -----------------------------------------------------------------------------
 

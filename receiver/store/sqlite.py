@@ -32,23 +32,13 @@ import aiosqlite
 from receiver.config import StoreSettings
 from receiver.errors import ConfigError, StoreUnavailable
 from receiver.store import rules
-from receiver.store.base import (
-    NewEvent,
-)
+from receiver.store.base import NewEvent
 from receiver.store.batching import GroupCommit
 from receiver.store.pull import outcome_key
 from receiver.store.sqlite_browse import SqliteBrowse
 from receiver.store.sqlite_checkpoints import SqliteCheckpoints
-from receiver.store.sqlite_faults import (
-    _DB_ERRORS,
-    _ITEM_ERRORS,
-    _close_quietly,
-    _unavailable,
-)
-from receiver.store.sqlite_intake import (
-    _Add,
-    _insert_new,
-)
+from receiver.store.sqlite_faults import _DB_ERRORS, _ITEM_ERRORS, _close_quietly, _unavailable
+from receiver.store.sqlite_intake import _Add, _insert_new
 from receiver.store.sqlite_lanes import SqliteLanes
 from receiver.store.sqlite_pull import SqlitePull
 from receiver.store.sqlite_schema import (

@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, TypeVar
 
 import aiosqlite
 
 from receiver.errors import UnknownEvent
-from receiver.store.base import (
-    EVENT_STATES,
-    EventRecord,
-)
+from receiver.store.base import EVENT_STATES, EventRecord
 from receiver.store.browse import (
     Cursor,
     DeadGroup,
@@ -24,6 +19,7 @@ from receiver.store.browse import (
     delivery_records,
     lane_counts,
 )
+from receiver.store.sqlite_mixin import SqliteMixin
 from receiver.store.sqlite_sql import (
     COUNTS,
     DEAD_GROUPS,
@@ -46,17 +42,9 @@ from receiver.store.sqlite_sql import (
     _with_deliveries,
 )
 
-T = TypeVar("T")
 
-
-class SqliteBrowse:
+class SqliteBrowse(SqliteMixin):
     """Reads, redeliveries, prunes and the inbox page of the SQLite store."""
-
-    if TYPE_CHECKING:
-
-        async def _write_tx(self, fn: Callable[[aiosqlite.Connection], Awaitable[T]]) -> T: ...
-
-        async def _read_tx(self, fn: Callable[[aiosqlite.Connection], Awaitable[T]]) -> T: ...
 
     async def get(self, event_id: str) -> EventRecord | None:
         async def run(conn: aiosqlite.Connection) -> EventRecord | None:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Mapping
+from typing import Any
 
 import aiosqlite
 
@@ -23,6 +23,7 @@ from receiver.store.base import (
     lane_row,
     leased,
 )
+from receiver.store.sqlite_mixin import SqliteMixin
 from receiver.store.sqlite_sql import (
     CLAIM_DELIVERIES,
     CLAIM_ENRICHMENT,
@@ -44,17 +45,9 @@ from receiver.store.sqlite_sql import (
     _require_event,
 )
 
-T = TypeVar("T")
 
-
-class SqliteLanes:
+class SqliteLanes(SqliteMixin):
     """Enrichment, lane claims, leases and settling of the SQLite store."""
-
-    if TYPE_CHECKING:
-
-        async def _write_tx(self, fn: Callable[[aiosqlite.Connection], Awaitable[T]]) -> T: ...
-
-        async def _read_tx(self, fn: Callable[[aiosqlite.Connection], Awaitable[T]]) -> T: ...
 
     # -- enrichment -----------------------------------------------------------------------------
 
