@@ -9,9 +9,9 @@ at the same time. The outcome check of ``add_event`` is part of the group commit
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
+from receiver.store.postgres_mixin import PostgresMixin
 from receiver.store.pull import (
     BACKFILL_JOB_OUTCOMES,
     REARM_WATCH,
@@ -20,8 +20,6 @@ from receiver.store.pull import (
     WatchState,
     watch_records,
 )
-
-T = TypeVar("T")
 
 CREATE_WATCHES = """
 CREATE TABLE watches (
@@ -112,18 +110,8 @@ def command_count(status: str) -> int:
     return int(tail) if tail.isdigit() else 0
 
 
-class PostgresPull:
+class PostgresPull(PostgresMixin):
     """The :class:`~receiver.store.pull.PullStore` methods of the Postgres store (a mixin)."""
-
-    if TYPE_CHECKING:
-
-        async def _run(
-            self,
-            fn: Callable[[Any], Awaitable[T]],
-            *,
-            transaction: bool = False,
-            snapshot: bool = False,
-        ) -> T: ...
 
     async def add_watches(
         self, job_ids: list[str], *, now: float, expires_at: float

@@ -11,6 +11,10 @@ Any sqlite3 error that means the file is unusable (locked, read-only, full, I/O 
 becomes :class:`~receiver.errors.StoreUnavailable` for the callers of that transaction and drops
 the connection it happened on; the next transaction reconnects, so the store heals once the
 fault clears.
+
+This module holds the connections, transactions and intake; the rest of :class:`SqliteStore`
+comes from mixins: ``sqlite_lanes``, ``sqlite_browse``, ``sqlite_checkpoints``, ``sqlite_pull``
+(schema in ``sqlite_schema``, statements in ``sqlite_sql``).
 """
 
 from __future__ import annotations
@@ -18,400 +22,74 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import sqlite3
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
 import aiosqlite
 
 from receiver.config import StoreSettings
-from receiver.errors import ConfigError, StoreUnavailable, UnknownEvent
+from receiver.errors import ConfigError, StoreUnavailable
 from receiver.store import rules
-from receiver.store.base import (
-    DELIVERY_COLUMNS,
-    EVENT_COLUMNS,
-    EVENT_STATES,
-    EventRecord,
-    EventState,
-    LaneClaim,
-    LanePolicy,
-    LaneResult,
-    LaneState,
-    LaneStats,
-    Leases,
-    NewEvent,
-    Outcome,
-    Snapshot,
-    event_records,
-    lane_row,
-    leased,
-)
+from receiver.store.base import NewEvent
 from receiver.store.batching import GroupCommit
-from receiver.store.browse import (
-    Cursor,
-    DeadGroup,
-    DeadGroupList,
-    EventList,
-    EventQuery,
-    InboxOverview,
-    browse_sql,
-    delivery_records,
-    lane_counts,
+from receiver.store.pull import outcome_key
+from receiver.store.sqlite_browse import SqliteBrowse
+from receiver.store.sqlite_checkpoints import SqliteCheckpoints
+from receiver.store.sqlite_faults import _DB_ERRORS, _ITEM_ERRORS, _close_quietly, _unavailable
+from receiver.store.sqlite_intake import _Add, _insert_new
+from receiver.store.sqlite_lanes import SqliteLanes
+from receiver.store.sqlite_pull import SqlitePull
+from receiver.store.sqlite_schema import (
+    BEGIN_READ,
+    BEGIN_WRITE,
+    CHECKPOINT,
+    COMMIT,
+    MIGRATIONS,
+    PRAGMA_FOREIGN_KEYS,
+    PRAGMA_JOURNAL_MODE,
+    PRAGMA_JOURNAL_SIZE_LIMIT,
+    PRAGMA_NO_AUTOCHECKPOINT,
+    PRAGMA_QUERY_ONLY,
+    PRAGMA_SYNC_FULL,
+    PRAGMA_SYNC_NORMAL,
+    PRAGMA_USER_VERSION,
+    PRAGMA_WAL,
+    RELEASE_SAVEPOINT,
+    ROLLBACK,
+    ROLLBACK_SAVEPOINT,
+    SAVEPOINT,
+    SCHEMA_V1,
+    SCHEMA_VERSION,
 )
-from receiver.store.pull import admit, outcome_key
-from receiver.store.sqlite_pull import INSERT_OUTCOME, PULL_SCHEMA, SqlitePull, held_outcomes
+from receiver.store.sqlite_sql import (
+    CHECKPOINT_EVERY_ITEMS,
+    CLAIM_DELIVERIES,
+    CLAIM_ENRICHMENT,
+    PING,
+    PRUNE_BATCH,
+    ROWS_PER_STATEMENT,
+    SELECT_EXISTING_IDS,
+)
 from receiver.store.writer_turns import WriterTurns
+
+# Names other modules, tests and benchmarks read from here.
+__all__ = [
+    "CLAIM_DELIVERIES",
+    "CLAIM_ENRICHMENT",
+    "MIGRATIONS",
+    "PRUNE_BATCH",
+    "SCHEMA_V1",
+    "SCHEMA_VERSION",
+    "SELECT_EXISTING_IDS",
+    "SqliteStore",
+    "sqlite_path",
+]
 
 T = TypeVar("T")
 
 SQLITE_PREFIX = "sqlite:///"
-
-# -- schema -------------------------------------------------------------------------------------
-
-CREATE_EVENTS = """
-CREATE TABLE events (
-    id               TEXT PRIMARY KEY,
-    event            TEXT NOT NULL,
-    job_id           TEXT NOT NULL,
-    body             BLOB NOT NULL,
-    headers          TEXT NOT NULL,
-    received_at      REAL NOT NULL,
-    state            TEXT NOT NULL,
-    next_attempt_at  REAL,
-    lease_owner      TEXT,
-    lease_expires_at REAL
-)
-"""
-
-CREATE_DELIVERIES = """
-CREATE TABLE deliveries (
-    event_id        TEXT NOT NULL REFERENCES events (id) ON DELETE CASCADE,
-    sink            TEXT NOT NULL,
-    state           TEXT NOT NULL,
-    attempts        INTEGER NOT NULL DEFAULT 0,
-    next_attempt_at REAL,
-    last_error      TEXT,
-    updated_at      REAL NOT NULL,
-    PRIMARY KEY (event_id, sink)
-) WITHOUT ROWID
-"""
-
-# claim: a range scan in next_attempt_at order over pending rows, however large the inbox grows.
-CREATE_INDEX_DUE = "CREATE INDEX events_due ON events (state, next_attempt_at)"
-# prune (state = 'done', received_at < ?), list by state, counts, oldest pending.
-CREATE_INDEX_STATE_RECEIVED = "CREATE INDEX events_state_received ON events (state, received_at)"
-CREATE_INDEX_RECEIVED = "CREATE INDEX events_received ON events (received_at)"
-# redeliver_dead without scanning every delivery; dead rows are few.
-CREATE_INDEX_DEAD = "CREATE INDEX deliveries_dead ON deliveries (event_id) WHERE state = 'dead'"
-
-SCHEMA_V1: tuple[str, ...] = (
-    CREATE_EVENTS,
-    CREATE_DELIVERIES,
-    CREATE_INDEX_DUE,
-    CREATE_INDEX_STATE_RECEIVED,
-    CREATE_INDEX_RECEIVED,
-    CREATE_INDEX_DEAD,
-    "PRAGMA user_version = 1",
-)
-
-# Version 2, delivery lanes: the job snapshot and enrichment state on the event, a lease per
-# delivery, and one row of pacing state per lane. Events pending before are enriched again.
-SCHEMA_V2: tuple[str, ...] = (
-    "ALTER TABLE events ADD COLUMN snapshot TEXT",
-    "ALTER TABLE events ADD COLUMN fetched_at REAL",
-    "ALTER TABLE events ADD COLUMN enrich_at REAL",
-    "ALTER TABLE events ADD COLUMN enrich_attempts INTEGER NOT NULL DEFAULT 0",
-    "ALTER TABLE events ADD COLUMN enrich_error TEXT",
-    "UPDATE events SET enrich_at = received_at, lease_owner = NULL, lease_expires_at = NULL "
-    "WHERE state = 'pending'",
-    "DROP INDEX events_due",
-    "ALTER TABLE events DROP COLUMN next_attempt_at",
-    "CREATE INDEX events_enrich ON events (enrich_at) WHERE enrich_at IS NOT NULL",
-    "ALTER TABLE deliveries ADD COLUMN lease_owner TEXT",
-    "ALTER TABLE deliveries ADD COLUMN lease_expires_at REAL",
-    # claim_deliveries: one lane's pending rows in due order; lane_stats: every pending row.
-    "CREATE INDEX deliveries_due ON deliveries (sink, next_attempt_at, event_id) "
-    "WHERE state = 'pending'",
-    """
-    CREATE TABLE lanes (
-        sink         TEXT PRIMARY KEY,
-        tokens       REAL NOT NULL,
-        refilled_at  REAL NOT NULL,
-        paused_until REAL NOT NULL DEFAULT 0,
-        failures     INTEGER NOT NULL DEFAULT 0,
-        opened_at    REAL
-    ) WITHOUT ROWID
-    """,
-    "PRAGMA user_version = 2",
-)
-
-# Version 3, the inbox page (receiver.store.browse): filter by event name or job id, the latest
-# failures, dead letters by sink and error. The partial indexes hold only the rows they serve;
-# the last column, state, lets SQLite answer from the index alone (it does not infer the column
-# from the index's WHERE).
-SCHEMA_V3_BROWSE: tuple[str, ...] = (
-    "CREATE INDEX events_event_received ON events (event, received_at)",
-    "CREATE INDEX events_job ON events (job_id)",
-    "CREATE INDEX deliveries_failing ON deliveries (updated_at) WHERE last_error IS NOT NULL",
-    "CREATE INDEX deliveries_dead_groups ON deliveries (sink, last_error, updated_at, state)"
-    " WHERE state = 'dead'",
-    "PRAGMA user_version = 3",
-)
-
-# Version 4: the watch list and the job-outcome ledger of pull mode (receiver.store.sqlite_pull).
-SCHEMA_V4_PULL: tuple[str, ...] = (*PULL_SCHEMA, "PRAGMA user_version = 4")
-
-# Migration N (1-based) brings the schema from version N-1 to N; each sets its own user_version.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (
-    SCHEMA_V1,
-    SCHEMA_V2,
-    SCHEMA_V3_BROWSE,
-    SCHEMA_V4_PULL,
-)
-SCHEMA_VERSION = len(MIGRATIONS)
-
-PRAGMA_FOREIGN_KEYS = "PRAGMA foreign_keys = ON"
-PRAGMA_SYNC_FULL = "PRAGMA synchronous = FULL"
-PRAGMA_SYNC_NORMAL = "PRAGMA synchronous = NORMAL"
-PRAGMA_JOURNAL_MODE = "PRAGMA journal_mode"
-PRAGMA_WAL = "PRAGMA journal_mode = WAL"
-PRAGMA_QUERY_ONLY = "PRAGMA query_only = ON"
-# Checkpoints reset the WAL, but it keeps its size; cap what stays on disk after a burst.
-PRAGMA_JOURNAL_SIZE_LIMIT = "PRAGMA journal_size_limit = 67108864"
-PRAGMA_USER_VERSION = "PRAGMA user_version"
-# Commits never checkpoint inline (a checkpoint copies the WAL into the database file and fsyncs
-# it: milliseconds a commit, and every request waiting on it, would otherwise wait for).
-PRAGMA_NO_AUTOCHECKPOINT = "PRAGMA wal_autocheckpoint = 0"
-CHECKPOINT = "PRAGMA wal_checkpoint(PASSIVE)"
-PRAGMA_SETTINGS = """
-SELECT
-    (SELECT journal_mode FROM pragma_journal_mode),
-    (SELECT synchronous FROM pragma_synchronous),
-    (SELECT foreign_keys FROM pragma_foreign_keys),
-    (SELECT timeout FROM pragma_busy_timeout),
-    (SELECT user_version FROM pragma_user_version)
-"""
-
-BEGIN_WRITE = "BEGIN IMMEDIATE"
-BEGIN_READ = "BEGIN"
-COMMIT = "COMMIT"
-ROLLBACK = "ROLLBACK"
-# Each job of a group runs inside its own savepoint: a job that fails alone is undone alone.
-SAVEPOINT = "SAVEPOINT item"
-RELEASE_SAVEPOINT = "RELEASE item"
-ROLLBACK_SAVEPOINT = "ROLLBACK TO item"
-
-# -- statements ---------------------------------------------------------------------------------
-
-# Lists of ids travel as one JSON array parameter, so every statement stays a fixed string.
-SELECT_EXISTING_IDS = "SELECT id FROM events WHERE id IN (SELECT value FROM json_each(?))"
-
-INSERT_EVENT = """
-INSERT INTO events (id, event, job_id, body, headers, received_at, state, enrich_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?)
-"""
-
-INSERT_DELIVERY = """
-INSERT INTO deliveries (event_id, sink, state, attempts, next_attempt_at, last_error, updated_at)
-VALUES (?, ?, 'pending', 0, ?, NULL, ?)
-"""
-
-# A group of events goes in with one multi-row INSERT per table (see _rows_statement): one
-# statement step for the whole group instead of one per row, each of which would hand the GIL
-# back and forth with the event loop.
-INSERT_EVENTS_HEAD = """
-INSERT INTO events (id, event, job_id, body, headers, received_at, state, enrich_at)
-VALUES """
-EVENT_ROW = "(?, ?, ?, ?, ?, ?, ?, ?)"
-INSERT_DELIVERIES_HEAD = """
-INSERT INTO deliveries (event_id, sink, state, attempts, next_attempt_at, last_error, updated_at)
-VALUES """
-DELIVERY_ROW = "(?, ?, 'pending', 0, ?, NULL, ?)"
-# 8 parameters a row: well under SQLite's 32766 parameters a statement.
-ROWS_PER_STATEMENT = 256
-
-# Checkpoints run on their own connection, once this many events and jobs were written since the
-# last one, or at least every CHECKPOINT_INTERVAL_SECONDS when anything was: each checkpoint
-# ends with an fsync of the database file, which every other fsync on the disk waits behind.
-CHECKPOINT_EVERY_ITEMS = 500
-CHECKPOINT_INTERVAL_SECONDS = 1.0
-CHECKPOINT_RETRY_SECONDS = 0.05
-# A WAL that a background checkpoint found this long (pages, ~64 MB) is finished off by the
-# writer between two groups: under constant load the WAL would otherwise never restart.
-WAL_RESTART_PAGES = 16000
-
-
-CLAIM_ENRICHMENT = """
-UPDATE events SET lease_owner = :owner, lease_expires_at = :expires
-WHERE id IN (
-    SELECT id FROM events
-    WHERE enrich_at <= :now AND (lease_expires_at IS NULL OR lease_expires_at < :now)
-    ORDER BY enrich_at, rowid
-    LIMIT :limit
-)
-RETURNING id, enrich_at, rowid
-"""
-
-# A refetched snapshot never replaces a newer one.
-SAVE_SNAPSHOT = """
-UPDATE events
-SET snapshot = ?, fetched_at = ?, enrich_at = NULL, enrich_error = NULL,
-    lease_owner = NULL, lease_expires_at = NULL
-WHERE id = ? AND (fetched_at IS NULL OR fetched_at <= ?)
-"""
-
-FAIL_ENRICHMENT = """
-UPDATE events
-SET enrich_attempts = enrich_attempts + 1, enrich_error = ?, enrich_at = ?,
-    lease_owner = NULL, lease_expires_at = NULL
-WHERE id = ?
-"""
-
-SELECT_PENDING_SINKS = "SELECT sink FROM deliveries WHERE event_id = ? AND state = 'pending'"
-
-SELECT_LANE = """
-SELECT tokens, refilled_at, paused_until, failures, opened_at FROM lanes WHERE sink = ?
-"""
-
-UPSERT_LANE = """
-INSERT INTO lanes (sink, tokens, refilled_at, paused_until, failures, opened_at)
-VALUES (?, ?, ?, ?, ?, ?)
-ON CONFLICT (sink) DO UPDATE SET
-    tokens = excluded.tokens, refilled_at = excluded.refilled_at,
-    paused_until = excluded.paused_until, failures = excluded.failures,
-    opened_at = excluded.opened_at
-"""
-
-# A lane's due deliveries whose event has its snapshot, oldest due first.
-CLAIM_DELIVERIES = """
-UPDATE deliveries SET lease_owner = :owner, lease_expires_at = :expires
-WHERE sink = :sink AND event_id IN (
-    SELECT d.event_id FROM deliveries d JOIN events e ON e.id = d.event_id
-    WHERE d.sink = :sink AND d.state = 'pending' AND d.next_attempt_at <= :now
-      AND (d.lease_expires_at IS NULL OR d.lease_expires_at < :now)
-      AND e.fetched_at IS NOT NULL
-    ORDER BY d.next_attempt_at, d.event_id
-    LIMIT :limit
-)
-RETURNING event_id, next_attempt_at
-"""
-
-NEXT_DUE = """
-SELECT min(d.next_attempt_at) FROM deliveries d JOIN events e ON e.id = d.event_id
-WHERE d.sink = ? AND d.state = 'pending' AND d.next_attempt_at > ?
-  AND e.fetched_at IS NOT NULL
-"""
-
-LANE_STATS = """
-SELECT sink,
-       sum(waiting AND due AND enriched),
-       min(CASE WHEN waiting AND due AND enriched THEN next_attempt_at END),
-       sum(NOT waiting)
-FROM (
-    SELECT d.sink, d.next_attempt_at,
-           (d.lease_expires_at IS NULL OR d.lease_expires_at < :now) AS waiting,
-           d.next_attempt_at <= :now AS due,
-           e.fetched_at IS NOT NULL AS enriched
-    FROM deliveries d JOIN events e ON e.id = d.event_id
-    WHERE d.state = 'pending'
-)
-GROUP BY sink
-"""
-
-EXTEND_EVENT_LEASES = """
-UPDATE events SET lease_expires_at = ?
-WHERE id IN (SELECT value FROM json_each(?)) AND lease_owner = ?
-"""
-
-RELEASE_EVENTS = """
-UPDATE events SET lease_owner = NULL, lease_expires_at = NULL
-WHERE id IN (SELECT value FROM json_each(?)) AND lease_owner = ?
-"""
-
-EXTEND_DELIVERY_LEASE = """
-UPDATE deliveries SET lease_expires_at = ? WHERE event_id = ? AND sink = ? AND lease_owner = ?
-"""
-
-RELEASE_DELIVERY = """
-UPDATE deliveries SET lease_owner = NULL, lease_expires_at = NULL
-WHERE event_id = ? AND sink = ? AND lease_owner = ?
-"""
-
-SETTLE = """
-UPDATE deliveries
-SET state = ?, attempts = attempts + ?, next_attempt_at = ?, last_error = ?, updated_at = ?,
-    lease_owner = NULL, lease_expires_at = NULL
-WHERE event_id = ? AND sink = ?
-"""
-
-SETTLE_PENDING = SETTLE + " AND state = 'pending'"
-
-SELECT_DELIVERY_STATES = """
-SELECT event_id, state FROM deliveries WHERE event_id IN (SELECT value FROM json_each(?))
-"""
-
-SET_EVENT_STATE = "UPDATE events SET state = ? WHERE id = ? AND state != ?"
-
-EVENT_EXISTS = "SELECT 1 FROM events WHERE id = ?"
-
-REDELIVER = """
-UPDATE deliveries
-SET state = 'pending', attempts = 0, next_attempt_at = ?, last_error = NULL, updated_at = ?
-WHERE event_id = ? AND state != 'skipped'
-"""
-
-REDELIVER_DEAD = """
-UPDATE deliveries
-SET state = 'pending', attempts = 0, next_attempt_at = ?, last_error = NULL, updated_at = ?
-WHERE state = 'dead'
-RETURNING event_id
-"""
-
-# An event that never got its snapshot is fetched again first.
-REENRICH = """
-UPDATE events SET enrich_at = ?, enrich_attempts = 0, enrich_error = NULL
-WHERE id IN (SELECT value FROM json_each(?)) AND fetched_at IS NULL
-"""
-
-# Deliveries go with their event (ON DELETE CASCADE).
-PRUNE_BATCH = """
-DELETE FROM events WHERE id IN (
-    SELECT id FROM events WHERE state = 'done' AND received_at < ? LIMIT ?
-)
-"""
-
-SELECT_EVENT = "SELECT " + EVENT_COLUMNS + " FROM events WHERE id = ?"
-SELECT_EVENTS = (
-    "SELECT " + EVENT_COLUMNS + " FROM events WHERE id IN (SELECT value FROM json_each(?))"
-)
-
-LIST_ALL = (
-    "SELECT " + EVENT_COLUMNS + " FROM events "
-    "ORDER BY received_at DESC, rowid DESC LIMIT ? OFFSET ?"
-)
-
-LIST_BY_STATE = (
-    "SELECT " + EVENT_COLUMNS + " FROM events WHERE state = ? "
-    "ORDER BY received_at DESC, rowid DESC LIMIT ? OFFSET ?"
-)
-
-SELECT_DELIVERIES = (
-    "SELECT " + DELIVERY_COLUMNS + " FROM deliveries "
-    "WHERE event_id IN (SELECT value FROM json_each(?)) ORDER BY event_id, sink"
-)
-
-COUNTS = """
-SELECT
-    (SELECT count(*) FROM events WHERE state = 'pending'),
-    (SELECT count(*) FROM events WHERE state = 'done'),
-    (SELECT count(*) FROM events WHERE state = 'dead'),
-    (SELECT min(received_at) FROM events WHERE state = 'pending')
-"""
-
-PING = "SELECT count(*) FROM (SELECT 1 FROM events LIMIT 1)"
 
 
 def sqlite_path(url: str) -> Path:
@@ -428,73 +106,7 @@ def sqlite_path(url: str) -> Path:
     return Path(rest)
 
 
-def _unavailable(exc: BaseException, path: Path) -> StoreUnavailable:
-    """A short, driver-free message for what went wrong with the database file."""
-    name = str(getattr(exc, "sqlite_errorname", ""))
-    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
-        message = f"the inbox database {path} is locked by another writer"
-    elif name.startswith("SQLITE_READONLY"):
-        message = f"the inbox database {path} is read-only"
-    elif name == "SQLITE_FULL":
-        message = f"the disk holding the inbox database {path} is full"
-    elif name.startswith("SQLITE_CANTOPEN"):
-        message = f"the inbox database {path} cannot be opened"
-    elif name.startswith("SQLITE_IOERR"):
-        message = f"disk I/O error on the inbox database {path}"
-    elif name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")):
-        message = f"the inbox database {path} is corrupt or not a SQLite database"
-    elif isinstance(exc, OSError):
-        message = f"cannot create the directory for the inbox database {path}: {exc.strerror}"
-    else:
-        message = f"the inbox database {path} failed: {exc}"
-    err = StoreUnavailable(message)
-    err.__cause__ = exc
-    return err
-
-
-# Errors that mean "the database file is not usable right now", never a bug in this module.
-# Errors that mean "the database file is not usable right now", never a bug in this module.
-_DB_ERRORS = (sqlite3.Error, OSError)
-# Errors that come from one statement's arguments, not from the file: they fail only the event
-# (or job) that caused them. A str with a lone surrogate cannot be encoded for SQLite at all.
-_ITEM_ERRORS = (
-    sqlite3.IntegrityError,
-    sqlite3.ProgrammingError,
-    sqlite3.InterfaceError,
-    sqlite3.DataError,
-    sqlite3.NotSupportedError,
-    UnicodeEncodeError,
-)
-
-
-@functools.lru_cache(maxsize=2 * ROWS_PER_STATEMENT)
-def _rows_statement(head: str, row: str, count: int) -> str:
-    """``head`` followed by ``count`` placeholder tuples (placeholders only, never values)."""
-    return head + ", ".join([row] * count)
-
-
-async def _insert_rows(
-    conn: aiosqlite.Connection, head: str, row: str, rows: Sequence[tuple[Any, ...]]
-) -> None:
-    for start in range(0, len(rows), ROWS_PER_STATEMENT):
-        chunk = rows[start : start + ROWS_PER_STATEMENT]
-        params = [value for values in chunk for value in values]
-        await conn.execute(_rows_statement(head, row, len(chunk)), params)
-
-
-@dataclass(slots=True)
-class _Add:
-    row: tuple[Any, ...]
-    deliveries: list[tuple[Any, ...]]
-    # (key, event id, source, created at) for a job outcome event (see receiver.store.pull).
-    outcome: tuple[str, str, str, float] | None = None
-
-    @property
-    def id(self) -> str:
-        return str(self.row[0])
-
-
-class SqliteStore(SqlitePull):
+class SqliteStore(SqliteLanes, SqliteBrowse, SqliteCheckpoints, SqlitePull):
     """The inbox in one SQLite file (WAL), on three aiosqlite connections.
 
     - *intake*: :meth:`add_event` calls are gathered by a
@@ -771,59 +383,6 @@ class SqliteStore(SqlitePull):
                 await self._drop("_read")
                 raise _unavailable(exc, self.path) from exc
 
-    # -- checkpoints ----------------------------------------------------------------------------
-
-    async def _checkpointer_main(self) -> None:
-        """Copy committed WAL pages into the database file, off the commit path: once
-        ``CHECKPOINT_EVERY_ITEMS`` were written, or every ``CHECKPOINT_INTERVAL_SECONDS`` when
-        anything was (each checkpoint ends with an fsync every other fsync waits behind)."""
-        due = self._checkpoint_due
-        assert due is not None
-        conn: aiosqlite.Connection | None = None
-        try:
-            while True:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(due.wait(), CHECKPOINT_INTERVAL_SECONDS)
-                due.clear()
-                if not self._since_checkpoint:
-                    continue
-                self._since_checkpoint = 0
-                try:
-                    if conn is None:
-                        conn = await self._connect()
-                    ((_busy, wal_pages, copied),) = await conn.execute_fetchall(CHECKPOINT)
-                except _DB_ERRORS:
-                    if conn is not None:
-                        await _close_quietly(conn)
-                    conn = None  # the writers report the fault; try again later
-                    self._since_checkpoint += 1
-                    continue
-                self._wal_long = wal_pages >= WAL_RESTART_PAGES
-                if copied < wal_pages and self._since_checkpoint:
-                    # Behind a busy writer: go again soon, without waiting for the next batch.
-                    await asyncio.sleep(CHECKPOINT_RETRY_SECONDS)
-                    due.set()
-        finally:
-            if conn is not None:
-                await asyncio.shield(_close_quietly(conn))
-
-    async def pragmas(self) -> dict[str, Any]:
-        """The settings in force on the intake connection (journal mode, synchronous, ...)."""
-        self._check_open()
-        async with self._turns:
-            if self._intake is None:
-                raise StoreUnavailable("the inbox intake connection is down")
-            ((journal, sync, fks, busy, version),) = await self._intake.execute_fetchall(
-                PRAGMA_SETTINGS
-            )
-        return {
-            "journal_mode": str(journal).lower(),
-            "synchronous": {0: "off", 1: "normal", 2: "full", 3: "extra"}.get(sync, sync),
-            "foreign_keys": bool(fks),
-            "busy_timeout_ms": busy,
-            "user_version": version,
-        }
-
     # -- the Store interface --------------------------------------------------------------------
 
     async def ping(self) -> None:
@@ -840,415 +399,10 @@ class SqliteStore(SqlitePull):
         outcome = None if key is None else (key, event.id, event.source, received)
         return await self._adds.submit(_Add(row, deliveries, outcome))
 
-    # -- enrichment -----------------------------------------------------------------------------
-
-    async def claim_enrichment(
-        self, *, owner: str, limit: int, lease_seconds: float, now: float
-    ) -> list[EventRecord]:
-        if limit <= 0:
-            return []
-        params = {"owner": owner, "expires": now + lease_seconds, "now": now, "limit": limit}
-
-        async def run(conn: aiosqlite.Connection) -> list[EventRecord]:
-            rows = list(await conn.execute_fetchall(CLAIM_ENRICHMENT, params))
-            if not rows:
-                return []
-            order = {row[0]: (row[1], row[2]) for row in rows}
-            records = await _records(conn, list(order))
-            return sorted(records, key=lambda record: order[record.id])
-
-        return await self._write_tx(run)
-
-    async def save_snapshot(
-        self,
-        event_id: str,
-        snapshot: Snapshot,
-        *,
-        finished: Mapping[str, Outcome] | None = None,
-        now: float,
-    ) -> EventState:
-        settles = [rules.settle_row(event_id, sink, o, now) for sink, o in (finished or {}).items()]
-        args = (snapshot.to_json(), snapshot.fetched_at, event_id, snapshot.fetched_at)
-
-        async def run(conn: aiosqlite.Connection) -> EventState:
-            await _require_event(conn, event_id)
-            await conn.execute(SAVE_SNAPSHOT, args)
-            for settle in settles:
-                await conn.execute(SETTLE_PENDING, settle)
-            return (await _recompute(conn, [event_id]))[event_id]
-
-        return await self._write_tx(run)
-
-    async def fail_enrichment(
-        self, event_id: str, *, error: str, retry_at: float | None, now: float
-    ) -> EventState:
-        async def run(conn: aiosqlite.Connection) -> EventState:
-            await _require_event(conn, event_id)
-            await conn.execute(FAIL_ENRICHMENT, (error, retry_at, event_id))
-            outcome = rules.enrichment_failed(error, retry_at)
-            for (sink,) in await conn.execute_fetchall(SELECT_PENDING_SINKS, (event_id,)):
-                await conn.execute(SETTLE, rules.settle_row(event_id, sink, outcome, now))
-            return (await _recompute(conn, [event_id]))[event_id]
-
-        return await self._write_tx(run)
-
-    # -- lanes ----------------------------------------------------------------------------------
-
-    async def claim_deliveries(
-        self, policy: LanePolicy, *, owner: str, limit: int, lease_seconds: float, now: float
-    ) -> LaneClaim:
-        expires = now + lease_seconds
-
-        async def run(conn: aiosqlite.Connection) -> LaneClaim:
-            # One writer: the lane's state is read and written in this one transaction.
-            state = await _lane(conn, policy, now)
-            granted = rules.grant(policy, state, now, limit)
-            rows: list[Any] = []
-            if granted.count > 0:
-                params = {
-                    "owner": owner,
-                    "expires": expires,
-                    "sink": policy.sink,
-                    "now": now,
-                    "limit": granted.count,
-                }
-                rows = list(await conn.execute_fetchall(CLAIM_DELIVERIES, params))
-            new_state, held = rules.after_claim(policy, granted, len(rows), now, lease_seconds)
-            if new_state != state:
-                await conn.execute(UPSERT_LANE, (policy.sink, *lane_row(new_state)))
-            retry_at = held
-            if len(rows) < granted.count:
-                ((nxt,),) = await conn.execute_fetchall(NEXT_DUE, (policy.sink, now))
-                retry_at = rules.earliest(held, nxt)
-            if not rows:
-                return LaneClaim((), retry_at, held)
-            order = {row[0]: (row[1], row[0]) for row in rows}
-            records = sorted(await _records(conn, list(order)), key=lambda e: order[e.id])
-            return LaneClaim(tuple(leased(e, policy.sink) for e in records), retry_at, held)
-
-        return await self._write_tx(run)
-
-    async def lane_stats(self, *, now: float) -> dict[str, LaneStats]:
-        async def run(conn: aiosqlite.Connection) -> dict[str, LaneStats]:
-            return {
-                row[0]: LaneStats(backlog=row[1] or 0, oldest_due=row[2], in_flight=row[3] or 0)
-                for row in await conn.execute_fetchall(LANE_STATS, {"now": now})
-            }
-
-        return await self._read_tx(run)
-
-    # -- leases ---------------------------------------------------------------------------------
-
-    async def extend_leases(
-        self, leases: Leases, *, owner: str, lease_seconds: float, now: float
-    ) -> None:
-        if not leases:
-            return
-        expires = now + lease_seconds
-
-        async def run(conn: aiosqlite.Connection) -> None:
-            if leases.events:
-                await conn.execute(EXTEND_EVENT_LEASES, (expires, json.dumps(leases.events), owner))
-            await conn.executemany(
-                EXTEND_DELIVERY_LEASE,
-                [(expires, k.event_id, k.sink, owner) for k in leases.deliveries],
-            )
-
-        await self._write_tx(run)
-
-    async def release(self, leases: Leases, *, owner: str) -> None:
-        if not leases:
-            return
-
-        async def run(conn: aiosqlite.Connection) -> None:
-            if leases.events:
-                await conn.execute(RELEASE_EVENTS, (json.dumps(leases.events), owner))
-            await conn.executemany(
-                RELEASE_DELIVERY, [(k.event_id, k.sink, owner) for k in leases.deliveries]
-            )
-
-        await self._write_tx(run)
-
-    # -- settling -------------------------------------------------------------------------------
-
-    async def settle(
-        self,
-        event_id: str,
-        sink: str,
-        outcome: Outcome,
-        *,
-        now: float,
-        lane: LaneResult | None = None,
-    ) -> EventState:
-        args = rules.settle_row(event_id, sink, outcome, now)
-
-        async def run(conn: aiosqlite.Connection) -> EventState:
-            if (await conn.execute(SETTLE, args)).rowcount == 0:
-                raise UnknownEvent(f"no delivery {sink!r} for event {event_id!r}")
-            state = (await _recompute(conn, [event_id]))[event_id]
-            if lane is not None:
-                current = await _lane(conn, lane.policy, now)
-                changed = rules.after_result(current, lane, now)
-                if changed is not None:
-                    await conn.execute(UPSERT_LANE, (sink, *lane_row(changed)))
-            return state
-
-        return await self._write_tx(run)
-
-    async def get(self, event_id: str) -> EventRecord | None:
-        async def run(conn: aiosqlite.Connection) -> EventRecord | None:
-            rows = list(await conn.execute_fetchall(SELECT_EVENT, (event_id,)))
-            if not rows:
-                return None
-            return (await _with_deliveries(conn, rows))[0]
-
-        return await self._read_tx(run)
-
-    async def list(
-        self, *, state: str | None = None, limit: int = 50, offset: int = 0
-    ) -> list[EventRecord]:
-        limit, offset = max(limit, 0), max(offset, 0)
-
-        async def run(conn: aiosqlite.Connection) -> list[EventRecord]:
-            if state is None:
-                rows = await conn.execute_fetchall(LIST_ALL, (limit, offset))
-            else:
-                rows = await conn.execute_fetchall(LIST_BY_STATE, (state, limit, offset))
-            return await _with_deliveries(conn, list(rows))
-
-        return await self._read_tx(run)
-
-    async def redeliver(self, event_id: str, *, now: float) -> int:
-        async def run(conn: aiosqlite.Connection) -> int:
-            await _require_event(conn, event_id)
-            count = int((await conn.execute(REDELIVER, (now, now, event_id))).rowcount)
-            if count:
-                await conn.execute(REENRICH, (now, json.dumps([event_id])))
-            await _recompute(conn, [event_id])
-            return count
-
-        return await self._write_tx(run)
-
-    async def redeliver_dead(self, *, now: float) -> int:
-        async def run(conn: aiosqlite.Connection) -> int:
-            rows = list(await conn.execute_fetchall(REDELIVER_DEAD, (now, now)))
-            if rows:
-                ids = list({row[0] for row in rows})
-                await conn.execute(REENRICH, (now, json.dumps(ids)))
-                await _recompute(conn, ids)
-            return len(rows)
-
-        return await self._write_tx(run)
-
-    async def prune(self, *, older_than: float, batch: int = 1000) -> int:
-        batch = max(batch, 1)
-
-        async def run(conn: aiosqlite.Connection) -> int:
-            return int((await conn.execute(PRUNE_BATCH, (older_than, batch))).rowcount)
-
-        total = 0
-        # One short transaction per batch, so intake keeps committing in between.
-        while True:
-            deleted = await self._write_tx(run)
-            total += deleted
-            if deleted < batch:
-                return total
-
-    async def counts(self) -> tuple[dict[str, int], float | None]:
-        async def run(conn: aiosqlite.Connection) -> tuple[dict[str, int], float | None]:
-            (row,) = await conn.execute_fetchall(COUNTS)
-            counts: dict[str, int] = {state: int(row[i]) for i, state in enumerate(EVENT_STATES)}
-            return counts, row[3]
-
-        return await self._read_tx(run)
-
     def on_new_events(self, callback: Callable[[], None]) -> None:
         """Nothing to do: SQLite cannot tell this process about other processes' writes."""
-
-    # -- reading for people (receiver.store.browse) ---------------------------------------------
-
-    async def browse(
-        self,
-        query: EventQuery,
-        *,
-        before: Cursor | None = None,
-        after: Cursor | None = None,
-        limit: int = 50,
-    ) -> EventList:
-        sql, params = browse_sql(query, before=before, after=after, limit=limit)
-
-        async def run(conn: aiosqlite.Connection) -> EventList:
-            rows = list(await conn.execute_fetchall(sql, params))
-            if after is not None:
-                rows.reverse()
-            return await _with_deliveries(conn, rows)
-
-        return await self._read_tx(run)
-
-    async def overview(
-        self, *, now: float, failing_since: float, errors: int = 10
-    ) -> InboxOverview:
-        async def run(conn: aiosqlite.Connection) -> InboxOverview:
-            lanes = lane_counts(
-                await conn.execute_fetchall(LANES_PENDING, (now, now)),
-                await conn.execute_fetchall(LANES_FAILING, (failing_since,)),
-            )
-            recent = delivery_records(await conn.execute_fetchall(RECENT_ERRORS, (errors,)))
-            return InboxOverview(lanes, recent)
-
-        return await self._read_tx(run)
-
-    async def dead_letters(self, *, groups: int = 100, samples: int = 5) -> DeadGroupList:
-        async def run(conn: aiosqlite.Connection) -> DeadGroupList:
-            out = []
-            for sink, error, count, first, last in await conn.execute_fetchall(
-                DEAD_GROUPS, (groups,)
-            ):
-                rows = await conn.execute_fetchall(DEAD_SAMPLES, (sink, error, samples))
-                out.append(DeadGroup(sink, error, count, first, last, tuple(r[0] for r in rows)))
-            return out
-
-        return await self._read_tx(run)
-
-    async def redeliver_sink(self, event_id: str, sink: str, *, now: float) -> int:
-        async def run(conn: aiosqlite.Connection) -> int:
-            if not await conn.execute_fetchall(DELIVERY_STATE, (event_id, sink)):
-                raise UnknownEvent(f"no delivery {sink!r} for event {event_id!r}")
-            count = int((await conn.execute(REDELIVER_SINK, (now, now, event_id, sink))).rowcount)
-            if count:
-                await conn.execute(REENRICH, (now, json.dumps([event_id])))
-            await _recompute(conn, [event_id])
-            return count
-
-        return await self._write_tx(run)
-
-    async def redeliver_dead_group(self, sink: str, error: str | None, *, now: float) -> int:
-        async def run(conn: aiosqlite.Connection) -> int:
-            rows = list(await conn.execute_fetchall(REDELIVER_DEAD_GROUP, (now, now, sink, error)))
-            if rows:
-                ids = list({row[0] for row in rows})
-                await conn.execute(REENRICH, (now, json.dumps(ids)))
-                await _recompute(conn, ids)
-            return len(rows)
-
-        return await self._write_tx(run)
-
-
-async def _close_quietly(conn: aiosqlite.Connection) -> None:
-    with contextlib.suppress(sqlite3.Error, ValueError):
-        await conn.close()
 
 
 async def _user_version(conn: aiosqlite.Connection) -> int:
     ((version,),) = await conn.execute_fetchall(PRAGMA_USER_VERSION)
     return int(version)
-
-
-async def _insert_new(conn: aiosqlite.Connection, adds: list[_Add]) -> list[bool]:
-    """Insert the events whose id is not stored yet; for each add, whether it was new."""
-    ids = json.dumps([add.id for add in adds])
-    seen = {row[0] for row in await conn.execute_fetchall(SELECT_EXISTING_IDS, (ids,))}
-    held = await held_outcomes(conn, [add.outcome[0] for add in adds if add.outcome is not None])
-    fresh: list[_Add] = []
-    results: list[bool] = []
-    outcomes: list[tuple[str, str, str, float]] = []
-    for add in adds:
-        is_new = add.id not in seen
-        if is_new and add.outcome is not None:
-            key, _event_id, source, _created = add.outcome
-            is_new, record = admit(held, key, source)
-            if record:
-                outcomes.append(add.outcome)
-        results.append(is_new)
-        if is_new:
-            seen.add(add.id)
-            fresh.append(add)
-    if outcomes:
-        await conn.executemany(INSERT_OUTCOME, outcomes)
-    if fresh:
-        await _insert_rows(conn, INSERT_EVENTS_HEAD, EVENT_ROW, [add.row for add in fresh])
-        deliveries = [row for add in fresh for row in add.deliveries]
-        if deliveries:
-            await _insert_rows(conn, INSERT_DELIVERIES_HEAD, DELIVERY_ROW, deliveries)
-    return results
-
-
-async def _with_deliveries(
-    conn: aiosqlite.Connection, rows: Sequence[Sequence[Any]]
-) -> list[EventRecord]:
-    """EventRecords for event rows (``EVENT_COLUMNS`` first), with their deliveries by sink."""
-    if not rows:
-        return []
-    ids = json.dumps([row[0] for row in rows])
-    return event_records(rows, await conn.execute_fetchall(SELECT_DELIVERIES, (ids,)))
-
-
-async def _records(conn: aiosqlite.Connection, event_ids: list[str]) -> list[EventRecord]:
-    rows = await conn.execute_fetchall(SELECT_EVENTS, (json.dumps(event_ids),))
-    return await _with_deliveries(conn, list(rows))
-
-
-async def _require_event(conn: aiosqlite.Connection, event_id: str) -> None:
-    if not await conn.execute_fetchall(EVENT_EXISTS, (event_id,)):
-        raise UnknownEvent(f"no event {event_id!r} in the inbox")
-
-
-async def _recompute(conn: aiosqlite.Connection, event_ids: list[str]) -> dict[str, EventState]:
-    """Set each event's state from its deliveries (:func:`rules.event_state`); the new states."""
-    rows = await conn.execute_fetchall(SELECT_DELIVERY_STATES, (json.dumps(event_ids),))
-    states = rules.event_states(event_ids, rows)
-    await conn.executemany(SET_EVENT_STATE, [(s, event_id, s) for event_id, s in states.items()])
-    return states
-
-
-async def _lane(conn: aiosqlite.Connection, policy: LanePolicy, now: float) -> LaneState:
-    rows = await conn.execute_fetchall(SELECT_LANE, (policy.sink,))
-    return LaneState(*next(iter(rows))) if rows else rules.fresh_lane(policy, now)
-
-
-# -- the inbox page's statements (receiver.store.browse) ----------------------------------------
-
-# Only pending rows are read (the partial index deliveries_due).
-LANES_PENDING = """
-SELECT sink, count(*), min(next_attempt_at), sum(next_attempt_at <= ?), sum(lease_expires_at > ?)
-FROM deliveries WHERE state = 'pending' GROUP BY sink
-"""
-
-# Served by the partial index deliveries_failing.
-LANES_FAILING = """
-SELECT sink, count(*) FROM deliveries
-WHERE last_error IS NOT NULL AND updated_at >= ? GROUP BY sink
-"""
-
-RECENT_ERRORS = (
-    "SELECT " + DELIVERY_COLUMNS + " FROM deliveries"
-    " WHERE last_error IS NOT NULL ORDER BY updated_at DESC LIMIT ?"
-)
-
-# These three are served by the partial index deliveries_dead_groups (it holds the event id too).
-DEAD_GROUPS = """
-SELECT sink, last_error, count(*), min(updated_at), max(updated_at)
-FROM deliveries WHERE state = 'dead'
-GROUP BY sink, last_error ORDER BY count(*) DESC, sink, last_error LIMIT ?
-"""
-
-DEAD_SAMPLES = """
-SELECT event_id FROM deliveries
-WHERE state = 'dead' AND sink = ? AND last_error IS ?
-ORDER BY updated_at DESC LIMIT ?
-"""
-
-DELIVERY_STATE = "SELECT state FROM deliveries WHERE event_id = ? AND sink = ?"
-
-REDELIVER_SINK = """
-UPDATE deliveries
-SET state = 'pending', attempts = 0, next_attempt_at = ?, last_error = NULL, updated_at = ?
-WHERE event_id = ? AND sink = ? AND state != 'skipped'
-"""
-
-REDELIVER_DEAD_GROUP = """
-UPDATE deliveries
-SET state = 'pending', attempts = 0, next_attempt_at = ?, last_error = NULL, updated_at = ?
-WHERE state = 'dead' AND sink = ? AND last_error IS ?
-RETURNING event_id
-"""

@@ -8,8 +8,6 @@ outcome check inside ``add_event`` lives with the event inserts (:func:`held_out
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, TypeVar
 
 import aiosqlite
 
@@ -21,8 +19,7 @@ from receiver.store.pull import (
     WatchState,
     watch_records,
 )
-
-T = TypeVar("T")
+from receiver.store.sqlite_mixin import SqliteMixin
 
 CREATE_WATCHES = """
 CREATE TABLE watches (
@@ -51,7 +48,7 @@ CREATE TABLE job_outcomes (
 ) WITHOUT ROWID
 """
 
-# The migration's statements; receiver.store.sqlite adds the user_version it brings.
+# The migration's statements; receiver.store.sqlite_schema adds the user_version it brings.
 PULL_SCHEMA: tuple[str, ...] = (
     CREATE_WATCHES,
     CREATE_INDEX_WATCHES_DUE,
@@ -124,14 +121,8 @@ async def held_outcomes(conn: aiosqlite.Connection, keys: list[str]) -> dict[str
     return {row[0]: row[1] for row in rows}
 
 
-class SqlitePull:
+class SqlitePull(SqliteMixin):
     """The :class:`~receiver.store.pull.PullStore` methods of the SQLite store (a mixin)."""
-
-    if TYPE_CHECKING:
-
-        async def _write_tx(self, fn: Callable[[aiosqlite.Connection], Awaitable[T]]) -> T: ...
-
-        async def _read_tx(self, fn: Callable[[aiosqlite.Connection], Awaitable[T]]) -> T: ...
 
     async def add_watches(
         self, job_ids: list[str], *, now: float, expires_at: float

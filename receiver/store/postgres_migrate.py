@@ -1,0 +1,126 @@
+"""Creating and upgrading the Postgres inbox's schema, once for all replicas (a mixin)."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from receiver.config import StoreSettings
+from receiver.errors import StoreUnavailable
+from receiver.logs import get_logger
+from receiver.store.postgres_errors import _DB_ERRORS
+from receiver.store.postgres_schema import (
+    CREATE_MIGRATIONS_TABLE,
+    CURRENT_SCHEMA,
+    MIGRATION_LOCK,
+    MIGRATIONS,
+    MIGRATIONS_TABLE_EXISTS,
+    RECORD_MIGRATION,
+    SCHEMA_EXISTS,
+    SCHEMA_VERSION,
+    SCHEMA_VERSION_QUERY,
+    _quote_ident,
+)
+
+log = get_logger("receiver.store.postgres")
+
+#: Statements of a migration, and waiting for another replica's migration, may take this long.
+MIGRATION_TIMEOUT_SECONDS = 600.0
+
+
+@dataclass(frozen=True)
+class MigrationReport:
+    """What :meth:`PostgresStore.migrate` found and did."""
+
+    schema: str
+    before: int
+    after: int
+    applied: tuple[int, ...]
+
+
+def _lock_key(schema: str) -> int:
+    """A stable 64-bit advisory lock key for migrating ``schema`` (per database)."""
+    digest = hashlib.sha256(b"receiver.migrate:" + schema.encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+class PostgresMigrations:
+    """``migrate`` and the schema check on opening, of the Postgres store."""
+
+    if TYPE_CHECKING:
+        settings: StoreSettings
+        where: str
+        _schema: str
+
+        async def _connect(self) -> Any: ...
+
+        async def _close_conn(self, conn: Any) -> None: ...
+
+        def _unavailable(self, exc: BaseException) -> StoreUnavailable: ...
+
+        def _bad_url(self, exc: ValueError) -> StoreUnavailable: ...
+
+    async def migrate(self) -> MigrationReport:
+        """Create or upgrade the schema (whatever ``auto_migrate`` says); safe to run at once
+        from several processes."""
+        try:
+            conn = await self._connect()
+            try:
+                return await self._migrate(conn, apply=True)
+            finally:
+                await self._close_conn(conn)
+        except ValueError as exc:
+            raise self._bad_url(exc) from exc
+        except _DB_ERRORS as exc:
+            raise self._unavailable(exc) from exc
+
+    async def _migrate(self, conn: Any, *, apply: bool) -> MigrationReport:
+        if not self._schema:
+            schema = await conn.fetchval(CURRENT_SCHEMA)
+            if schema is None:
+                raise StoreUnavailable(
+                    f"the Postgres inbox {self.where} has no schema on its search_path; "
+                    "set store.schema"
+                )
+            self._schema = str(schema)
+        before = await self._version(conn)
+        if before > SCHEMA_VERSION:
+            raise StoreUnavailable(
+                f"the Postgres inbox {self.where} has schema version {before}, newer than this "
+                f"receiver knows ({SCHEMA_VERSION}); upgrade the receiver"
+            )
+        if before == SCHEMA_VERSION:
+            return MigrationReport(self._schema, before, before, ())
+        if not apply:
+            raise StoreUnavailable(
+                f"the Postgres inbox {self.where} has schema version {before}, this receiver "
+                f"needs {SCHEMA_VERSION}; run receiver migrate or enable store.auto_migrate"
+            )
+        async with conn.transaction():
+            # Held until commit: replicas starting together queue here, and each one after the
+            # first finds the schema up to date.
+            await conn.execute(
+                MIGRATION_LOCK, _lock_key(self._schema), timeout=MIGRATION_TIMEOUT_SECONDS
+            )
+            # Asked only when missing: creating needs a privilege on the database that a role
+            # given a ready-made schema by its DBA does not have.
+            if self.settings.schema and not await conn.fetchval(SCHEMA_EXISTS, self._schema):
+                await conn.execute("CREATE SCHEMA " + _quote_ident(self._schema))
+            await conn.execute(CREATE_MIGRATIONS_TABLE)
+            current = int(await conn.fetchval(SCHEMA_VERSION_QUERY))
+            applied = []
+            for migration in MIGRATIONS[current:]:
+                for statement in migration.statements:
+                    await conn.execute(statement, timeout=MIGRATION_TIMEOUT_SECONDS)
+                await conn.execute(RECORD_MIGRATION, migration.version, migration.description)
+                applied.append(migration.version)
+        if applied:
+            log.info("inbox schema migrated", schema=self._schema, versions=applied)
+        return MigrationReport(self._schema, before, SCHEMA_VERSION, tuple(applied))
+
+    @staticmethod
+    async def _version(conn: Any) -> int:
+        if not await conn.fetchval(MIGRATIONS_TABLE_EXISTS):
+            return 0
+        return int(await conn.fetchval(SCHEMA_VERSION_QUERY))

@@ -1,0 +1,143 @@
+"""The Postgres inbox's schema: numbered migrations, recorded in ``receiver_schema_migrations``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from receiver.store.postgres_pull import PULL_SCHEMA
+
+# Times are unix seconds (double precision), as in the Store interface. Ids and sink names use
+# the "C" collation: byte order, as SQLite and Python sort them.
+CREATE_EVENTS = """
+CREATE TABLE events (
+    id               text COLLATE "C" PRIMARY KEY,
+    seq              bigint GENERATED ALWAYS AS IDENTITY,
+    event            text NOT NULL,
+    job_id           text NOT NULL,
+    body             bytea NOT NULL,
+    headers          json NOT NULL,
+    received_at      double precision NOT NULL,
+    state            text NOT NULL CHECK (state IN ('pending', 'done', 'dead')),
+    next_attempt_at  double precision,
+    lease_owner      text,
+    lease_expires_at double precision
+) WITH (fillfactor = 80)
+"""
+
+CREATE_DELIVERIES = """
+CREATE TABLE deliveries (
+    event_id        text COLLATE "C" NOT NULL REFERENCES events (id) ON DELETE CASCADE,
+    sink            text COLLATE "C" NOT NULL,
+    state           text NOT NULL CHECK (state IN ('pending', 'done', 'dead', 'skipped')),
+    attempts        integer NOT NULL DEFAULT 0,
+    next_attempt_at double precision,
+    last_error      text,
+    updated_at      double precision NOT NULL,
+    PRIMARY KEY (event_id, sink)
+)
+"""
+
+# claim: an ordered range scan over pending rows only, however many finished rows are kept.
+CREATE_INDEX_DUE = (
+    "CREATE INDEX events_due ON events (next_attempt_at, seq) WHERE state = 'pending'"
+)
+# prune (state = 'done', received_at < $1), list by state, counts, oldest pending.
+CREATE_INDEX_STATE_RECEIVED = "CREATE INDEX events_state_received ON events (state, received_at)"
+CREATE_INDEX_RECEIVED = "CREATE INDEX events_received ON events (received_at, seq)"
+# redeliver_dead without scanning every delivery; dead rows are few.
+CREATE_INDEX_DEAD = "CREATE INDEX deliveries_dead ON deliveries (event_id) WHERE state = 'dead'"
+
+
+# Version 2, delivery lanes: the job snapshot and enrichment state on the event, a lease per
+# delivery, and one row of pacing state per lane. Events pending before are enriched again.
+LANES_SCHEMA: tuple[str, ...] = (
+    """
+    ALTER TABLE events
+        ADD COLUMN snapshot text,
+        ADD COLUMN fetched_at double precision,
+        ADD COLUMN enrich_at double precision,
+        ADD COLUMN enrich_attempts integer NOT NULL DEFAULT 0,
+        ADD COLUMN enrich_error text
+    """,
+    "UPDATE events SET enrich_at = received_at, lease_owner = NULL, lease_expires_at = NULL "
+    "WHERE state = 'pending'",
+    "DROP INDEX events_due",
+    "ALTER TABLE events DROP COLUMN next_attempt_at",
+    "CREATE INDEX events_enrich ON events (enrich_at, seq) WHERE enrich_at IS NOT NULL",
+    """
+    ALTER TABLE deliveries
+        ADD COLUMN lease_owner text,
+        ADD COLUMN lease_expires_at double precision
+    """,
+    # claim_deliveries: one lane's pending rows in due order; lane_stats: every pending row.
+    "CREATE INDEX deliveries_due ON deliveries (sink, next_attempt_at, event_id) "
+    "WHERE state = 'pending'",
+    """
+    CREATE TABLE lanes (
+        sink         text COLLATE "C" PRIMARY KEY,
+        tokens       double precision NOT NULL,
+        refilled_at  double precision NOT NULL,
+        paused_until double precision NOT NULL DEFAULT 0,
+        failures     integer NOT NULL DEFAULT 0,
+        opened_at    double precision
+    )
+    """,
+)
+
+
+@dataclass(frozen=True)
+class Migration:
+    """Brings the schema from ``version - 1`` to ``version``, in one transaction."""
+
+    version: int
+    description: str
+    statements: tuple[str, ...]
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        1,
+        "events and deliveries",
+        (
+            CREATE_EVENTS,
+            CREATE_DELIVERIES,
+            CREATE_INDEX_DUE,
+            CREATE_INDEX_STATE_RECEIVED,
+            CREATE_INDEX_RECEIVED,
+            CREATE_INDEX_DEAD,
+        ),
+    ),
+    Migration(2, "delivery lanes", LANES_SCHEMA),
+    Migration(
+        3,
+        "indexes for the inbox page",
+        (
+            "CREATE INDEX events_event_received ON events (event, received_at)",
+            "CREATE INDEX events_job ON events (job_id)",
+            "CREATE INDEX deliveries_failing ON deliveries (updated_at)"
+            " WHERE last_error IS NOT NULL",
+            "CREATE INDEX deliveries_dead_groups"
+            " ON deliveries (sink, last_error, updated_at, state) WHERE state = 'dead'",
+        ),
+    ),
+    Migration(4, "watch list and job outcomes (pull mode)", PULL_SCHEMA),
+)
+SCHEMA_VERSION = MIGRATIONS[-1].version
+
+CREATE_MIGRATIONS_TABLE = """
+CREATE TABLE IF NOT EXISTS receiver_schema_migrations (
+    version     integer PRIMARY KEY,
+    description text NOT NULL,
+    applied_at  timestamptz NOT NULL DEFAULT now()
+)
+"""
+MIGRATIONS_TABLE_EXISTS = "SELECT to_regclass('receiver_schema_migrations') IS NOT NULL"
+SCHEMA_VERSION_QUERY = "SELECT coalesce(max(version), 0) FROM receiver_schema_migrations"
+RECORD_MIGRATION = "INSERT INTO receiver_schema_migrations (version, description) VALUES ($1, $2)"
+MIGRATION_LOCK = "SELECT pg_advisory_xact_lock($1)"
+CURRENT_SCHEMA = "SELECT current_schema()"
+SCHEMA_EXISTS = "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)"
+
+
+def _quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'

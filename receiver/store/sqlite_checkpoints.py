@@ -1,0 +1,87 @@
+"""The SQLite store's checkpoints, off the commit path, and its pragma report (a mixin)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+import aiosqlite
+
+from receiver.errors import StoreUnavailable
+from receiver.store.sqlite_faults import _DB_ERRORS, _close_quietly
+from receiver.store.sqlite_schema import CHECKPOINT, PRAGMA_SETTINGS
+from receiver.store.sqlite_sql import (
+    CHECKPOINT_INTERVAL_SECONDS,
+    CHECKPOINT_RETRY_SECONDS,
+    WAL_RESTART_PAGES,
+)
+
+if TYPE_CHECKING:
+    from receiver.store.writer_turns import WriterTurns
+
+
+class SqliteCheckpoints:
+    """The checkpointer task and :meth:`pragmas` of :class:`~receiver.store.sqlite.SqliteStore`."""
+
+    if TYPE_CHECKING:
+        _checkpoint_due: asyncio.Event | None
+        _since_checkpoint: int
+        _wal_long: bool
+        _turns: WriterTurns
+        _intake: aiosqlite.Connection | None
+
+        async def _connect(self, *, query_only: bool = False) -> aiosqlite.Connection: ...
+
+        def _check_open(self) -> None: ...
+
+    async def _checkpointer_main(self) -> None:
+        """Copy committed WAL pages into the database file, off the commit path: once
+        ``CHECKPOINT_EVERY_ITEMS`` were written, or every ``CHECKPOINT_INTERVAL_SECONDS`` when
+        anything was (each checkpoint ends with an fsync every other fsync waits behind)."""
+        due = self._checkpoint_due
+        assert due is not None
+        conn: aiosqlite.Connection | None = None
+        try:
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(due.wait(), CHECKPOINT_INTERVAL_SECONDS)
+                due.clear()
+                if not self._since_checkpoint:
+                    continue
+                self._since_checkpoint = 0
+                try:
+                    if conn is None:
+                        conn = await self._connect()
+                    ((_busy, wal_pages, copied),) = await conn.execute_fetchall(CHECKPOINT)
+                except _DB_ERRORS:
+                    if conn is not None:
+                        await _close_quietly(conn)
+                    conn = None  # the writers report the fault; try again later
+                    self._since_checkpoint += 1
+                    continue
+                self._wal_long = wal_pages >= WAL_RESTART_PAGES
+                if copied < wal_pages and self._since_checkpoint:
+                    # Behind a busy writer: go again soon, without waiting for the next batch.
+                    await asyncio.sleep(CHECKPOINT_RETRY_SECONDS)
+                    due.set()
+        finally:
+            if conn is not None:
+                await asyncio.shield(_close_quietly(conn))
+
+    async def pragmas(self) -> dict[str, Any]:
+        """The settings in force on the intake connection (journal mode, synchronous, ...)."""
+        self._check_open()
+        async with self._turns:
+            if self._intake is None:
+                raise StoreUnavailable("the inbox intake connection is down")
+            ((journal, sync, fks, busy, version),) = await self._intake.execute_fetchall(
+                PRAGMA_SETTINGS
+            )
+        return {
+            "journal_mode": str(journal).lower(),
+            "synchronous": {0: "off", 1: "normal", 2: "full", 3: "extra"}.get(sync, sync),
+            "foreign_keys": bool(fks),
+            "busy_timeout_ms": busy,
+            "user_version": version,
+        }

@@ -1,0 +1,140 @@
+"""The SQLite inbox's schema: the migrations (``PRAGMA user_version``), pragmas and transaction
+statements of :mod:`receiver.store.sqlite`.
+"""
+
+from __future__ import annotations
+
+from receiver.store.sqlite_pull import PULL_SCHEMA
+
+CREATE_EVENTS = """
+CREATE TABLE events (
+    id               TEXT PRIMARY KEY,
+    event            TEXT NOT NULL,
+    job_id           TEXT NOT NULL,
+    body             BLOB NOT NULL,
+    headers          TEXT NOT NULL,
+    received_at      REAL NOT NULL,
+    state            TEXT NOT NULL,
+    next_attempt_at  REAL,
+    lease_owner      TEXT,
+    lease_expires_at REAL
+)
+"""
+
+CREATE_DELIVERIES = """
+CREATE TABLE deliveries (
+    event_id        TEXT NOT NULL REFERENCES events (id) ON DELETE CASCADE,
+    sink            TEXT NOT NULL,
+    state           TEXT NOT NULL,
+    attempts        INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at REAL,
+    last_error      TEXT,
+    updated_at      REAL NOT NULL,
+    PRIMARY KEY (event_id, sink)
+) WITHOUT ROWID
+"""
+
+# claim: a range scan in next_attempt_at order over pending rows, however large the inbox grows.
+CREATE_INDEX_DUE = "CREATE INDEX events_due ON events (state, next_attempt_at)"
+# prune (state = 'done', received_at < ?), list by state, counts, oldest pending.
+CREATE_INDEX_STATE_RECEIVED = "CREATE INDEX events_state_received ON events (state, received_at)"
+CREATE_INDEX_RECEIVED = "CREATE INDEX events_received ON events (received_at)"
+# redeliver_dead without scanning every delivery; dead rows are few.
+CREATE_INDEX_DEAD = "CREATE INDEX deliveries_dead ON deliveries (event_id) WHERE state = 'dead'"
+
+SCHEMA_V1: tuple[str, ...] = (
+    CREATE_EVENTS,
+    CREATE_DELIVERIES,
+    CREATE_INDEX_DUE,
+    CREATE_INDEX_STATE_RECEIVED,
+    CREATE_INDEX_RECEIVED,
+    CREATE_INDEX_DEAD,
+    "PRAGMA user_version = 1",
+)
+
+# Version 2, delivery lanes: the job snapshot and enrichment state on the event, a lease per
+# delivery, and one row of pacing state per lane. Events pending before are enriched again.
+SCHEMA_V2: tuple[str, ...] = (
+    "ALTER TABLE events ADD COLUMN snapshot TEXT",
+    "ALTER TABLE events ADD COLUMN fetched_at REAL",
+    "ALTER TABLE events ADD COLUMN enrich_at REAL",
+    "ALTER TABLE events ADD COLUMN enrich_attempts INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE events ADD COLUMN enrich_error TEXT",
+    "UPDATE events SET enrich_at = received_at, lease_owner = NULL, lease_expires_at = NULL "
+    "WHERE state = 'pending'",
+    "DROP INDEX events_due",
+    "ALTER TABLE events DROP COLUMN next_attempt_at",
+    "CREATE INDEX events_enrich ON events (enrich_at) WHERE enrich_at IS NOT NULL",
+    "ALTER TABLE deliveries ADD COLUMN lease_owner TEXT",
+    "ALTER TABLE deliveries ADD COLUMN lease_expires_at REAL",
+    # claim_deliveries: one lane's pending rows in due order; lane_stats: every pending row.
+    "CREATE INDEX deliveries_due ON deliveries (sink, next_attempt_at, event_id) "
+    "WHERE state = 'pending'",
+    """
+    CREATE TABLE lanes (
+        sink         TEXT PRIMARY KEY,
+        tokens       REAL NOT NULL,
+        refilled_at  REAL NOT NULL,
+        paused_until REAL NOT NULL DEFAULT 0,
+        failures     INTEGER NOT NULL DEFAULT 0,
+        opened_at    REAL
+    ) WITHOUT ROWID
+    """,
+    "PRAGMA user_version = 2",
+)
+
+# Version 3, the inbox page (receiver.store.browse): filter by event name or job id, the latest
+# failures, dead letters by sink and error. The partial indexes hold only the rows they serve;
+# the last column, state, lets SQLite answer from the index alone (it does not infer the column
+# from the index's WHERE).
+SCHEMA_V3_BROWSE: tuple[str, ...] = (
+    "CREATE INDEX events_event_received ON events (event, received_at)",
+    "CREATE INDEX events_job ON events (job_id)",
+    "CREATE INDEX deliveries_failing ON deliveries (updated_at) WHERE last_error IS NOT NULL",
+    "CREATE INDEX deliveries_dead_groups ON deliveries (sink, last_error, updated_at, state)"
+    " WHERE state = 'dead'",
+    "PRAGMA user_version = 3",
+)
+
+# Version 4: the watch list and the job-outcome ledger of pull mode (receiver.store.sqlite_pull).
+SCHEMA_V4_PULL: tuple[str, ...] = (*PULL_SCHEMA, "PRAGMA user_version = 4")
+
+# Migration N (1-based) brings the schema from version N-1 to N; each sets its own user_version.
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    SCHEMA_V1,
+    SCHEMA_V2,
+    SCHEMA_V3_BROWSE,
+    SCHEMA_V4_PULL,
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+PRAGMA_FOREIGN_KEYS = "PRAGMA foreign_keys = ON"
+PRAGMA_SYNC_FULL = "PRAGMA synchronous = FULL"
+PRAGMA_SYNC_NORMAL = "PRAGMA synchronous = NORMAL"
+PRAGMA_JOURNAL_MODE = "PRAGMA journal_mode"
+PRAGMA_WAL = "PRAGMA journal_mode = WAL"
+PRAGMA_QUERY_ONLY = "PRAGMA query_only = ON"
+# Checkpoints reset the WAL, but it keeps its size; cap what stays on disk after a burst.
+PRAGMA_JOURNAL_SIZE_LIMIT = "PRAGMA journal_size_limit = 67108864"
+PRAGMA_USER_VERSION = "PRAGMA user_version"
+# Commits never checkpoint inline (a checkpoint copies the WAL into the database file and fsyncs
+# it: milliseconds a commit, and every request waiting on it, would otherwise wait for).
+PRAGMA_NO_AUTOCHECKPOINT = "PRAGMA wal_autocheckpoint = 0"
+CHECKPOINT = "PRAGMA wal_checkpoint(PASSIVE)"
+PRAGMA_SETTINGS = """
+SELECT
+    (SELECT journal_mode FROM pragma_journal_mode),
+    (SELECT synchronous FROM pragma_synchronous),
+    (SELECT foreign_keys FROM pragma_foreign_keys),
+    (SELECT timeout FROM pragma_busy_timeout),
+    (SELECT user_version FROM pragma_user_version)
+"""
+
+BEGIN_WRITE = "BEGIN IMMEDIATE"
+BEGIN_READ = "BEGIN"
+COMMIT = "COMMIT"
+ROLLBACK = "ROLLBACK"
+# Each job of a group runs inside its own savepoint: a job that fails alone is undone alone.
+SAVEPOINT = "SAVEPOINT item"
+RELEASE_SAVEPOINT = "RELEASE item"
+ROLLBACK_SAVEPOINT = "ROLLBACK TO item"
