@@ -49,8 +49,6 @@ def add_events(db: Path, events: list[NewEvent], *, dead: tuple[str, str] | None
             for event in events:
                 await store.add_event(event)
             if dead is not None:
-                claims = await store.claim(owner="t", limit=100, lease_seconds=60, now=time.time())
-                assert claims
                 event_id, sink = dead
                 await store.settle(
                     event_id, sink, Outcome(state="dead", error="gave up"), now=time.time()

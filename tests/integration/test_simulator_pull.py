@@ -116,7 +116,7 @@ async def test_a_429_burst_hits_its_route_only_then_ends(sim, client) -> None:
 
 
 async def test_the_command_makes_jobs_without_webhook_and_names_them() -> None:
-    from tests.integration.test_cli import run_cli
+    from tests.support.cli import run_cli
 
     code, out, err = await run_cli(
         "simulate",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,8 +30,12 @@ async def run_cli(
     return proc.returncode, out.decode(), err.decode()
 
 
+CLEAN_LINE = re.compile(r"receiver( [a-z][a-z-]*)*: ")
+
+
 def assert_one_clean_line(err: Any) -> None:
-    """stderr holds ``receiver: ...`` lines only, never a traceback."""
+    """stderr holds ``receiver: ...`` (or ``receiver COMMAND: ...``) lines only, never a
+    traceback."""
     assert "Traceback" not in err
     assert len(err.strip().splitlines()) >= 1
-    assert all(line.startswith("receiver: ") for line in err.strip().splitlines())
+    assert all(CLEAN_LINE.match(line) for line in err.strip().splitlines()), err

@@ -174,6 +174,8 @@ def test_cross_key_rules_live_on_the_section() -> None:
         "worker",
         "admin",
         "log",
+        "pull",
+        "reconcile",
     ]
 
 

@@ -44,7 +44,7 @@ def test_reconcile_tables_are_read_in_order():
         ({"pull": {"watch_expiry_hours": 0}}, "pull.watch_expiry_hours: must be positive"),
         ({"pull": {"waits": 3}}, "pull.waits: unknown key"),
         ({"reconcile": {"collection_id": COLLECTION}}, "reconcile: must be an array of tables"),
-        ({"reconcile": [{}]}, "reconcile[0].collection_id: must be a collection id (a UUID)"),
+        ({"reconcile": [{}]}, "reconcile[0].collection_id: missing"),
         (
             {"reconcile": [{"collection_id": "my-collection"}]},
             "reconcile[0].collection_id: must be a collection id (a UUID)",
