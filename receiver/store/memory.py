@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 
 from receiver.config import StoreSettings
 from receiver.errors import StoreUnavailable, UnknownEvent
 from receiver.store import rules
 from receiver.store.base import (
     EVENT_STATES,
-    DeliveryRecord,
-    DeliveryState,
     EventRecord,
     EventState,
     LaneClaim,
@@ -27,90 +24,12 @@ from receiver.store.base import (
     Snapshot,
     leased,
 )
-from receiver.store.browse import (
-    Cursor,
-    DeadGroup,
-    DeadGroupList,
-    EventList,
-    EventQuery,
-    InboxOverview,
-    lane_counts,
-    matches,
-)
+from receiver.store.memory_browse import MemoryBrowse
 from receiver.store.memory_pull import MemoryPull
+from receiver.store.memory_records import MemoryDelivery, MemoryEvent, reset_deliveries
 
 
-@dataclass
-class _Delivery:
-    sink: str
-    state: DeliveryState
-    attempts: int
-    next_attempt_at: float | None
-    last_error: str | None
-    updated_at: float
-    lease_owner: str | None = None
-    lease_expires_at: float | None = None
-
-    def settle(self, outcome: Outcome, now: float) -> None:
-        values = rules.settle_values(outcome, now)
-        self.state = values.state
-        self.attempts += values.attempts_add
-        self.next_attempt_at = values.next_attempt_at
-        self.last_error = values.last_error
-        self.updated_at = now
-        self.lease_owner = self.lease_expires_at = None
-
-
-@dataclass
-class _Event:
-    seq: int
-    new: NewEvent
-    state: EventState
-    enrich_at: float | None
-    deliveries: dict[str, _Delivery] = field(default_factory=dict)
-    snapshot: Snapshot | None = None
-    enrich_attempts: int = 0
-    enrich_error: str | None = None
-    lease_owner: str | None = None
-    lease_expires_at: float | None = None
-
-    def recompute(self) -> None:
-        self.state = rules.event_state(d.state for d in self.deliveries.values())
-
-    def delivery_record(self, d: _Delivery) -> DeliveryRecord:
-        return DeliveryRecord(
-            event_id=self.new.id,
-            sink=d.sink,
-            state=d.state,
-            attempts=d.attempts,
-            next_attempt_at=d.next_attempt_at,
-            last_error=d.last_error,
-            updated_at=d.updated_at,
-            leased_until=d.lease_expires_at,
-        )
-
-    def record(self) -> EventRecord:
-        e = self.new
-        deliveries = tuple(
-            self.delivery_record(d) for d in sorted(self.deliveries.values(), key=lambda d: d.sink)
-        )
-        return EventRecord(
-            id=e.id,
-            event=e.event,
-            job_id=e.job_id,
-            body=e.body,
-            headers=dict(e.headers),
-            received_at=e.received_at,
-            state=self.state,
-            deliveries=deliveries,
-            snapshot=self.snapshot,
-            enrich_at=self.enrich_at,
-            enrich_attempts=self.enrich_attempts,
-            enrich_error=self.enrich_error,
-        )
-
-
-class MemoryStore(MemoryPull):
+class MemoryStore(MemoryPull, MemoryBrowse):
     """An inbox kept in a dict: the fake for unit tests, with the SQL stores' semantics.
 
     It works without :meth:`open` (forgiving for tests) but refuses calls after :meth:`close`
@@ -122,7 +41,7 @@ class MemoryStore(MemoryPull):
         super().__init__()
         self.settings = settings or StoreSettings(url="memory://")
         self.unavailable: str | None = None
-        self._events: dict[str, _Event] = {}
+        self._events: dict[str, MemoryEvent] = {}
         self._lanes: dict[str, LaneState] = {}
         self._seq = itertools.count()
         self._closed = False
@@ -148,9 +67,9 @@ class MemoryStore(MemoryPull):
             return False
         sinks = tuple(dict.fromkeys(event.sinks))
         state, enrich_at = rules.new_event_values(bool(sinks), event.received_at)
-        ev = _Event(seq=next(self._seq), new=event, state=state, enrich_at=enrich_at)
+        ev = MemoryEvent(seq=next(self._seq), new=event, state=state, enrich_at=enrich_at)
         for sink in sinks:
-            ev.deliveries[sink] = _Delivery(
+            ev.deliveries[sink] = MemoryDelivery(
                 sink=sink,
                 state="pending",
                 attempts=0,
@@ -161,7 +80,7 @@ class MemoryStore(MemoryPull):
         self._events[event.id] = ev
         return True
 
-    def _event(self, event_id: str) -> _Event:
+    def _event(self, event_id: str) -> MemoryEvent:
         ev = self._events.get(event_id)
         if ev is None:
             raise UnknownEvent(f"no event {event_id!r} in the inbox")
@@ -250,7 +169,7 @@ class MemoryStore(MemoryPull):
             retry_at = rules.earliest(held, min((t for t in later if t > now), default=None))
         return LaneClaim(tuple(taken), retry_at, held)
 
-    def _waiting(self, sink: str, now: float) -> list[tuple[_Event, _Delivery]]:
+    def _waiting(self, sink: str, now: float) -> list[tuple[MemoryEvent, MemoryDelivery]]:
         """Pending, unleased deliveries of ``sink`` whose event has its snapshot."""
         found = []
         for ev in self._events.values():
@@ -294,7 +213,7 @@ class MemoryStore(MemoryPull):
         for held in self._held(leases, owner):
             held.lease_owner = held.lease_expires_at = None
 
-    def _held(self, leases: Leases, owner: str) -> Iterable[_Event | _Delivery]:
+    def _held(self, leases: Leases, owner: str) -> Iterable[MemoryEvent | MemoryDelivery]:
         for event_id in leases.events:
             ev = self._events.get(event_id)
             if ev is not None and ev.lease_owner == owner:
@@ -347,7 +266,7 @@ class MemoryStore(MemoryPull):
     async def redeliver(self, event_id: str, *, now: float) -> int:
         self._check()
         ev = self._event(event_id)
-        count = self._reset(ev, ev.deliveries.values(), now)
+        count = reset_deliveries(ev, ev.deliveries.values(), now)
         return count
 
     async def redeliver_dead(self, *, now: float) -> int:
@@ -356,24 +275,7 @@ class MemoryStore(MemoryPull):
         for ev in self._events.values():
             dead = [d for d in ev.deliveries.values() if d.state == "dead"]
             if dead:
-                count += self._reset(ev, dead, now)
-        return count
-
-    @staticmethod
-    def _reset(ev: _Event, deliveries: Iterable[_Delivery], now: float) -> int:
-        count = 0
-        for d in deliveries:
-            if d.state == "skipped":
-                continue
-            d.state = "pending"
-            d.attempts = 0
-            d.next_attempt_at = now
-            d.last_error = None
-            d.updated_at = now
-            count += 1
-        if count and ev.snapshot is None:
-            ev.enrich_at, ev.enrich_attempts, ev.enrich_error = now, 0, None
-        ev.recompute()
+                count += reset_deliveries(ev, dead, now)
         return count
 
     async def prune(self, *, older_than: float, batch: int = 1000) -> int:
@@ -399,108 +301,3 @@ class MemoryStore(MemoryPull):
 
     def on_new_events(self, callback: Callable[[], None]) -> None:
         """Nothing to do: every writer shares this process."""
-
-    # -- reading for people (receiver.store.browse) ---------------------------------------------
-
-    async def browse(
-        self,
-        query: EventQuery,
-        *,
-        before: Cursor | None = None,
-        after: Cursor | None = None,
-        limit: int = 50,
-    ) -> EventList:
-        self._check()
-        found = [
-            ev
-            for ev in self._events.values()
-            if matches(
-                query,
-                event_id=ev.new.id,
-                event=ev.new.event,
-                job_id=ev.new.job_id,
-                state=ev.state,
-                received_at=ev.new.received_at,
-                deliveries={d.sink: d.state for d in ev.deliveries.values()},
-            )
-        ]
-        found.sort(key=lambda ev: (ev.new.received_at, ev.new.id), reverse=True)
-        if after is not None:
-            newer = [ev for ev in found if (ev.new.received_at, ev.new.id) > _key(after)]
-            page = newer[-max(limit, 0) :] if limit > 0 else []
-        else:
-            if before is not None:
-                found = [ev for ev in found if (ev.new.received_at, ev.new.id) < _key(before)]
-            page = found[: max(limit, 0)]
-        return [ev.record() for ev in page]
-
-    async def overview(
-        self, *, now: float, failing_since: float, errors: int = 10
-    ) -> InboxOverview:
-        self._check()
-        pending: dict[str, list[float]] = {}
-        in_flight: dict[str, int] = {}
-        failing: dict[str, int] = {}
-        failed: list[DeliveryRecord] = []
-        for ev in self._events.values():
-            for d in ev.deliveries.values():
-                if d.state == "pending":
-                    due_at = d.next_attempt_at if d.next_attempt_at is not None else now
-                    pending.setdefault(d.sink, []).append(due_at)
-                    if not rules.lease_free(d.lease_expires_at, now):
-                        in_flight[d.sink] = in_flight.get(d.sink, 0) + 1
-                if d.last_error is not None:
-                    failed.append(ev.delivery_record(d))
-                    if d.updated_at >= failing_since:
-                        failing[d.sink] = failing.get(d.sink, 0) + 1
-        failed.sort(key=lambda d: d.updated_at, reverse=True)
-        rows = [
-            (sink, len(times), min(times), sum(t <= now for t in times), in_flight.get(sink, 0))
-            for sink, times in pending.items()
-        ]
-        return InboxOverview(
-            lanes=lane_counts(rows, failing.items()),
-            recent_errors=tuple(failed[: max(errors, 0)]),
-        )
-
-    async def dead_letters(self, *, groups: int = 100, samples: int = 5) -> DeadGroupList:
-        self._check()
-        found: dict[tuple[str, str | None], list[tuple[float, str]]] = {}
-        for ev in self._events.values():
-            for d in ev.deliveries.values():
-                if d.state == "dead":
-                    found.setdefault((d.sink, d.last_error), []).append((d.updated_at, ev.new.id))
-        out = [
-            DeadGroup(
-                sink=sink,
-                error=error,
-                count=len(rows),
-                first_at=min(rows)[0],
-                last_at=max(rows)[0],
-                event_ids=tuple(i for _, i in sorted(rows, reverse=True)[: max(samples, 0)]),
-            )
-            for (sink, error), rows in found.items()
-        ]
-        out.sort(key=lambda g: (-g.count, g.sink, g.error or ""))
-        return out[: max(groups, 0)]
-
-    async def redeliver_sink(self, event_id: str, sink: str, *, now: float) -> int:
-        self._check()
-        ev = self._events.get(event_id)
-        delivery = ev.deliveries.get(sink) if ev is not None else None
-        if ev is None or delivery is None:
-            raise UnknownEvent(f"no delivery {sink!r} for event {event_id!r}")
-        return self._reset(ev, [delivery], now)
-
-    async def redeliver_dead_group(self, sink: str, error: str | None, *, now: float) -> int:
-        self._check()
-        count = 0
-        for ev in self._events.values():
-            d = ev.deliveries.get(sink)
-            if d is not None and d.state == "dead" and d.last_error == error:
-                count += self._reset(ev, [d], now)
-        return count
-
-
-def _key(cursor: Cursor) -> tuple[float, str]:
-    return (cursor.received_at, cursor.id)

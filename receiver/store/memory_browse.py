@@ -1,0 +1,130 @@
+"""The memory store's reads for people (see :mod:`receiver.store.browse`), as a mixin."""
+
+from __future__ import annotations
+
+from receiver.errors import UnknownEvent
+from receiver.store import rules
+from receiver.store.base import DeliveryRecord
+from receiver.store.browse import (
+    Cursor,
+    DeadGroup,
+    DeadGroupList,
+    EventList,
+    EventQuery,
+    InboxOverview,
+    lane_counts,
+    matches,
+)
+from receiver.store.memory_records import MemoryEvent, reset_deliveries
+
+
+class MemoryBrowse:
+    """Browsing, overview and dead letters of :class:`~receiver.store.memory.MemoryStore`."""
+
+    _events: dict[str, MemoryEvent]
+
+    def _check(self) -> None:
+        raise NotImplementedError
+
+    async def browse(
+        self,
+        query: EventQuery,
+        *,
+        before: Cursor | None = None,
+        after: Cursor | None = None,
+        limit: int = 50,
+    ) -> EventList:
+        self._check()
+        found = [
+            ev
+            for ev in self._events.values()
+            if matches(
+                query,
+                event_id=ev.new.id,
+                event=ev.new.event,
+                job_id=ev.new.job_id,
+                state=ev.state,
+                received_at=ev.new.received_at,
+                deliveries={d.sink: d.state for d in ev.deliveries.values()},
+            )
+        ]
+        found.sort(key=lambda ev: (ev.new.received_at, ev.new.id), reverse=True)
+        if after is not None:
+            newer = [ev for ev in found if (ev.new.received_at, ev.new.id) > _key(after)]
+            page = newer[-max(limit, 0) :] if limit > 0 else []
+        else:
+            if before is not None:
+                found = [ev for ev in found if (ev.new.received_at, ev.new.id) < _key(before)]
+            page = found[: max(limit, 0)]
+        return [ev.record() for ev in page]
+
+    async def overview(
+        self, *, now: float, failing_since: float, errors: int = 10
+    ) -> InboxOverview:
+        self._check()
+        pending: dict[str, list[float]] = {}
+        in_flight: dict[str, int] = {}
+        failing: dict[str, int] = {}
+        failed: list[DeliveryRecord] = []
+        for ev in self._events.values():
+            for d in ev.deliveries.values():
+                if d.state == "pending":
+                    due_at = d.next_attempt_at if d.next_attempt_at is not None else now
+                    pending.setdefault(d.sink, []).append(due_at)
+                    if not rules.lease_free(d.lease_expires_at, now):
+                        in_flight[d.sink] = in_flight.get(d.sink, 0) + 1
+                if d.last_error is not None:
+                    failed.append(ev.delivery_record(d))
+                    if d.updated_at >= failing_since:
+                        failing[d.sink] = failing.get(d.sink, 0) + 1
+        failed.sort(key=lambda d: d.updated_at, reverse=True)
+        rows = [
+            (sink, len(times), min(times), sum(t <= now for t in times), in_flight.get(sink, 0))
+            for sink, times in pending.items()
+        ]
+        return InboxOverview(
+            lanes=lane_counts(rows, failing.items()),
+            recent_errors=tuple(failed[: max(errors, 0)]),
+        )
+
+    async def dead_letters(self, *, groups: int = 100, samples: int = 5) -> DeadGroupList:
+        self._check()
+        found: dict[tuple[str, str | None], list[tuple[float, str]]] = {}
+        for ev in self._events.values():
+            for d in ev.deliveries.values():
+                if d.state == "dead":
+                    found.setdefault((d.sink, d.last_error), []).append((d.updated_at, ev.new.id))
+        out = [
+            DeadGroup(
+                sink=sink,
+                error=error,
+                count=len(rows),
+                first_at=min(rows)[0],
+                last_at=max(rows)[0],
+                event_ids=tuple(i for _, i in sorted(rows, reverse=True)[: max(samples, 0)]),
+            )
+            for (sink, error), rows in found.items()
+        ]
+        out.sort(key=lambda g: (-g.count, g.sink, g.error or ""))
+        return out[: max(groups, 0)]
+
+    async def redeliver_sink(self, event_id: str, sink: str, *, now: float) -> int:
+        self._check()
+        ev = self._events.get(event_id)
+        delivery = ev.deliveries.get(sink) if ev is not None else None
+        if ev is None or delivery is None:
+            raise UnknownEvent(f"no delivery {sink!r} for event {event_id!r}")
+        return reset_deliveries(ev, [delivery], now)
+
+    async def redeliver_dead_group(self, sink: str, error: str | None, *, now: float) -> int:
+        self._check()
+        count = 0
+        for ev in self._events.values():
+            d = ev.deliveries.get(sink)
+            if d is not None and d.state == "dead" and d.last_error == error:
+                count += reset_deliveries(ev, [d], now)
+        return count
+
+
+def _key(cursor: Cursor) -> tuple[float, str]:
+    return (cursor.received_at, cursor.id)

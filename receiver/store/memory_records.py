@@ -1,0 +1,107 @@
+"""The memory store's rows: an event with its deliveries, kept as mutable records."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from receiver.store import rules
+from receiver.store.base import (
+    DeliveryRecord,
+    DeliveryState,
+    EventRecord,
+    EventState,
+    NewEvent,
+    Outcome,
+    Snapshot,
+)
+
+
+@dataclass
+class MemoryDelivery:
+    sink: str
+    state: DeliveryState
+    attempts: int
+    next_attempt_at: float | None
+    last_error: str | None
+    updated_at: float
+    lease_owner: str | None = None
+    lease_expires_at: float | None = None
+
+    def settle(self, outcome: Outcome, now: float) -> None:
+        values = rules.settle_values(outcome, now)
+        self.state = values.state
+        self.attempts += values.attempts_add
+        self.next_attempt_at = values.next_attempt_at
+        self.last_error = values.last_error
+        self.updated_at = now
+        self.lease_owner = self.lease_expires_at = None
+
+
+@dataclass
+class MemoryEvent:
+    seq: int
+    new: NewEvent
+    state: EventState
+    enrich_at: float | None
+    deliveries: dict[str, MemoryDelivery] = field(default_factory=dict)
+    snapshot: Snapshot | None = None
+    enrich_attempts: int = 0
+    enrich_error: str | None = None
+    lease_owner: str | None = None
+    lease_expires_at: float | None = None
+
+    def recompute(self) -> None:
+        self.state = rules.event_state(d.state for d in self.deliveries.values())
+
+    def delivery_record(self, d: MemoryDelivery) -> DeliveryRecord:
+        return DeliveryRecord(
+            event_id=self.new.id,
+            sink=d.sink,
+            state=d.state,
+            attempts=d.attempts,
+            next_attempt_at=d.next_attempt_at,
+            last_error=d.last_error,
+            updated_at=d.updated_at,
+            leased_until=d.lease_expires_at,
+        )
+
+    def record(self) -> EventRecord:
+        e = self.new
+        deliveries = tuple(
+            self.delivery_record(d) for d in sorted(self.deliveries.values(), key=lambda d: d.sink)
+        )
+        return EventRecord(
+            id=e.id,
+            event=e.event,
+            job_id=e.job_id,
+            body=e.body,
+            headers=dict(e.headers),
+            received_at=e.received_at,
+            state=self.state,
+            deliveries=deliveries,
+            snapshot=self.snapshot,
+            enrich_at=self.enrich_at,
+            enrich_attempts=self.enrich_attempts,
+            enrich_error=self.enrich_error,
+        )
+
+
+def reset_deliveries(ev: MemoryEvent, deliveries: Iterable[MemoryDelivery], now: float) -> int:
+    """Make ``deliveries`` of ``ev`` pending and due ``now`` (skipped ones stay); how many.
+
+    An event without a job snapshot is due for enrichment again."""
+    count = 0
+    for d in deliveries:
+        if d.state == "skipped":
+            continue
+        d.state = "pending"
+        d.attempts = 0
+        d.next_attempt_at = now
+        d.last_error = None
+        d.updated_at = now
+        count += 1
+    if count and ev.snapshot is None:
+        ev.enrich_at, ev.enrich_attempts, ev.enrich_error = now, 0, None
+    ev.recompute()
+    return count
