@@ -36,7 +36,8 @@ from receiver.secrets import SecretBox
 from receiver.sinks.base import Sink, SinkContext
 from receiver.sinks.loader import build_sinks
 from receiver.store import open_store
-from receiver.store.base import EVENT_STATES, LaneStats, Store
+from receiver.store.base import EVENT_STATES, Store
+from receiver.store.lanes_model import LaneStats
 from receiver.store.pull import WATCH_STATES
 from receiver.supervisor import Supervisor
 from receiver.upstream import UpstreamClient

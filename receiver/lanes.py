@@ -42,18 +42,14 @@ from receiver.logs import get_logger
 from receiver.metrics import Metrics
 from receiver.retry import RetryPolicy
 from receiver.sinks.base import Sink
-from receiver.store.base import (
+from receiver.store.base import EventRecord, EventState, Outcome, Snapshot, Store
+from receiver.store.lanes_model import (
     DeliveryKey,
-    EventRecord,
-    EventState,
     LanePolicy,
     LaneResult,
     LaneResultKind,
     Leased,
     Leases,
-    Outcome,
-    Snapshot,
-    Store,
 )
 
 log = get_logger("receiver.lanes")

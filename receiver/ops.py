@@ -14,7 +14,8 @@ from receiver.errors import StoreError, UnknownEvent
 from receiver.intake import error_response, page_window
 from receiver.metrics import CONTENT_TYPE, Metrics
 from receiver.pull.admin import WatchAdmin
-from receiver.store.base import EVENT_STATES, LaneStats, Store
+from receiver.store.base import EVENT_STATES, Store
+from receiver.store.lanes_model import LaneStats
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -37,7 +37,8 @@ from receiver.logs import get_logger
 from receiver.metrics import Metrics
 from receiver.retry import RetryPolicy
 from receiver.sinks.base import Sink
-from receiver.store.base import DeliveryKey, EventRecord, LanePolicy, Leases, Outcome, Store
+from receiver.store.base import EventRecord, Outcome, Store
+from receiver.store.lanes_model import DeliveryKey, LanePolicy, Leases
 from receiver.supervisor import Supervisor
 
 log = get_logger("receiver.worker")

@@ -8,10 +8,8 @@ from collections.abc import Callable, Iterable, Mapping
 from receiver.config import StoreSettings
 from receiver.errors import StoreUnavailable, UnknownEvent
 from receiver.store import rules
-from receiver.store.base import (
-    EVENT_STATES,
-    EventRecord,
-    EventState,
+from receiver.store.base import EVENT_STATES, EventRecord, EventState, NewEvent, Outcome, Snapshot
+from receiver.store.lanes_model import (
     LaneClaim,
     LanePolicy,
     LaneResult,
@@ -19,9 +17,6 @@ from receiver.store.base import (
     LaneStats,
     Leased,
     Leases,
-    NewEvent,
-    Outcome,
-    Snapshot,
     leased,
 )
 from receiver.store.memory_browse import MemoryBrowse

@@ -7,16 +7,13 @@ from typing import Any
 
 from receiver.errors import UnknownEvent
 from receiver.store import rules
-from receiver.store.base import (
-    EventRecord,
-    EventState,
+from receiver.store.base import EventRecord, EventState, Outcome, Snapshot
+from receiver.store.lanes_model import (
     LaneClaim,
     LanePolicy,
     LaneResult,
     LaneStats,
     Leases,
-    Outcome,
-    Snapshot,
     lane_row,
     leased,
 )

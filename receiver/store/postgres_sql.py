@@ -12,13 +12,9 @@ from receiver.store.base import (
     EVENT_COLUMNS,
     EventRecord,
     EventState,
-    LanePolicy,
-    LaneResult,
-    LaneState,
-    Leases,
     event_records,
-    lane_row,
 )
+from receiver.store.lanes_model import LanePolicy, LaneResult, LaneState, Leases, lane_row
 
 #: One channel for every receiver in a database; the payload names the schema that changed.
 CHANNEL = "receiver_new_events"

@@ -19,16 +19,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from receiver.store.base import (
-    DeliveryState,
-    EventState,
-    LanePolicy,
-    LaneResult,
-    LaneState,
-    NewEvent,
-    Outcome,
-    headers_json,
-)
+from receiver.store.base import DeliveryState, EventState, NewEvent, Outcome, headers_json
+from receiver.store.lanes_model import LanePolicy, LaneResult, LaneState
 
 # Tokens are compared with this much slack, so float rounding (unix times carry ~1e-7 s of it)
 # never costs a whole interval.

@@ -10,16 +10,13 @@ import aiosqlite
 
 from receiver.errors import UnknownEvent
 from receiver.store import rules
-from receiver.store.base import (
-    EventRecord,
-    EventState,
+from receiver.store.base import EventRecord, EventState, Outcome, Snapshot
+from receiver.store.lanes_model import (
     LaneClaim,
     LanePolicy,
     LaneResult,
     LaneStats,
     Leases,
-    Outcome,
-    Snapshot,
     lane_row,
     leased,
 )

@@ -15,10 +15,9 @@ from receiver.store.base import (
     EVENT_COLUMNS,
     EventRecord,
     EventState,
-    LanePolicy,
-    LaneState,
     event_records,
 )
+from receiver.store.lanes_model import LanePolicy, LaneState
 
 # Lists of ids travel as one JSON array parameter, so every statement stays a fixed string.
 SELECT_EXISTING_IDS = "SELECT id FROM events WHERE id IN (SELECT value FROM json_each(?))"

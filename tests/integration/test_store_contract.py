@@ -18,15 +18,8 @@ import pytest
 from receiver.config import StoreSettings
 from receiver.errors import StoreUnavailable, UnknownEvent
 from receiver.store import Outcome, Store, rules
-from receiver.store.base import (
-    DeliveryKey,
-    DeliveryState,
-    LanePolicy,
-    LaneResult,
-    LaneStats,
-    Leases,
-    Snapshot,
-)
+from receiver.store.base import DeliveryState, Snapshot
+from receiver.store.lanes_model import DeliveryKey, LanePolicy, LaneResult, LaneStats, Leases
 from receiver.store.memory import MemoryStore
 from receiver.store.sqlite import SqliteStore
 from tests.support.postgres import fresh_schema, require_postgres, store_settings

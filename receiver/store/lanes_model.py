@@ -1,0 +1,120 @@
+"""What delivery lanes are made of: a lane's policy and shared state, what an attempt tells it,
+the deliveries a claim hands out, and the leases a worker holds.
+
+The rules that use them live in :mod:`receiver.store.rules`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from receiver.store.base import DeliveryRecord, EventRecord
+
+
+@dataclass(frozen=True)
+class LanePolicy:
+    """How fast one sink's lane may send: its token bucket and its circuit breaker.
+
+    ``rate`` is sends per second (0 = unlimited) with a bucket of ``burst`` tokens. After
+    ``circuit_failures`` consecutive failed attempts (0 = never) the lane pauses for
+    ``circuit_pause`` seconds, doubling per failed probe up to ``circuit_max``.
+    """
+
+    sink: str
+    rate: float = 0.0
+    burst: float = 1.0
+    circuit_failures: int = 0
+    circuit_pause: float = 30.0
+    circuit_max: float = 600.0
+
+
+@dataclass(frozen=True)
+class LaneState:
+    """A lane's shared pacing state, one row per sink in the store.
+
+    ``tokens`` as of ``refilled_at``; nothing is claimed before ``paused_until``; ``failures``
+    counts consecutive failed attempts; ``opened_at`` is when the circuit last opened (or a probe
+    began), None while it is closed.
+    """
+
+    tokens: float
+    refilled_at: float
+    paused_until: float = 0.0
+    failures: int = 0
+    opened_at: float | None = None
+
+
+LaneResultKind = Literal["success", "failure", "neutral"]
+
+
+@dataclass(frozen=True)
+class LaneResult:
+    """What one attempt tells its lane: ``success`` closes the circuit, ``failure`` counts toward
+    opening it (``neutral`` neither); ``pause`` (seconds, from a Retry-After) pauses the lane.
+    ``started`` is when the attempt was claimed: failures of attempts started before the circuit
+    opened are not counted again."""
+
+    policy: LanePolicy
+    kind: LaneResultKind
+    started: float
+    pause: float | None = None
+
+
+@dataclass(frozen=True)
+class Leased:
+    """One delivery leased to a worker, with its event (and the event's snapshot)."""
+
+    event: EventRecord
+    delivery: DeliveryRecord
+
+
+@dataclass(frozen=True)
+class LaneClaim:
+    """What :meth:`Store.claim_deliveries` handed out, and when asking again may find more
+    (a pause's end, the next token, the next due delivery; None: nothing known).
+    ``held_until``: before then the lane itself (its pause or tokens) allows nothing more,
+    whatever work arrives."""
+
+    deliveries: tuple[Leased, ...]
+    retry_at: float | None
+    held_until: float | None = None
+
+
+@dataclass(frozen=True)
+class LaneStats:
+    """A lane's backlog: deliveries due and waiting (their event enriched, nobody holding them),
+    the due time of the oldest, and how many are leased (in flight on some worker)."""
+
+    backlog: int = 0
+    oldest_due: float | None = None
+    in_flight: int = 0
+
+
+@dataclass(frozen=True)
+class DeliveryKey:
+    """One delivery: (event id, sink)."""
+
+    event_id: str
+    sink: str
+
+
+@dataclass(frozen=True)
+class Leases:
+    """What a worker holds: events being enriched and deliveries being sent."""
+
+    events: tuple[str, ...] = ()
+    deliveries: tuple[DeliveryKey, ...] = field(default_factory=tuple)
+
+    def __bool__(self) -> bool:
+        return bool(self.events or self.deliveries)
+
+
+def leased(record: EventRecord, sink: str) -> Leased:
+    """``record`` with its delivery to ``sink`` (which it has), as a claim hands it out."""
+    return Leased(record, next(d for d in record.deliveries if d.sink == sink))
+
+
+def lane_row(state: LaneState) -> tuple[Any, ...]:
+    """A lane's state in the column order of the SQL backends' ``lanes`` table."""
+    return (state.tokens, state.refilled_at, state.paused_until, state.failures, state.opened_at)
