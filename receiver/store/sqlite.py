@@ -38,7 +38,7 @@ from receiver.store.pull import outcome_key
 from receiver.store.sqlite_browse import SqliteBrowse
 from receiver.store.sqlite_checkpoints import SqliteCheckpoints
 from receiver.store.sqlite_faults import _DB_ERRORS, _ITEM_ERRORS, _close_quietly, _unavailable
-from receiver.store.sqlite_intake import _Add, _insert_new
+from receiver.store.sqlite_intake import _Add, _insert_new, insert_each
 from receiver.store.sqlite_lanes import SqliteLanes
 from receiver.store.sqlite_pull import SqlitePull
 from receiver.store.sqlite_schema import (
@@ -56,10 +56,7 @@ from receiver.store.sqlite_schema import (
     PRAGMA_SYNC_NORMAL,
     PRAGMA_USER_VERSION,
     PRAGMA_WAL,
-    RELEASE_SAVEPOINT,
     ROLLBACK,
-    ROLLBACK_SAVEPOINT,
-    SAVEPOINT,
     SCHEMA_V1,
     SCHEMA_VERSION,
 )
@@ -303,8 +300,9 @@ class SqliteStore(SqliteLanes, SqliteBrowse, SqliteCheckpoints, SqlitePull):
         """One group of events: one transaction, new ids inserted, each told if it was new."""
         async with self._turns:
             try:
-                if self._intake is None:
+                if self._intake is None:  # reopened after a fault
                     self._intake = await self._open_intake()
+                    await self._truncate_wal(self._intake)
                 conn = self._intake
                 try:
                     results: list[bool | BaseException] = list(
@@ -312,7 +310,7 @@ class SqliteStore(SqliteLanes, SqliteBrowse, SqliteCheckpoints, SqlitePull):
                     )
                 except _ITEM_ERRORS:
                     # One event's values are unacceptable: write them one by one so only it fails.
-                    results = await self._transaction(conn, self._insert_each(adds))
+                    results = await self._transaction(conn, insert_each(adds, self.path))
             except _DB_ERRORS as exc:
                 await self._drop("_intake")
                 return [_unavailable(exc, self.path) for _ in adds]
@@ -326,23 +324,6 @@ class SqliteStore(SqliteLanes, SqliteBrowse, SqliteCheckpoints, SqlitePull):
         if self._since_checkpoint >= CHECKPOINT_EVERY_ITEMS and self._checkpoint_due is not None:
             self._checkpoint_due.set()
         return results
-
-    def _insert_each(
-        self, adds: list[_Add]
-    ) -> Callable[[aiosqlite.Connection], Awaitable[list[bool | BaseException]]]:
-        async def run(conn: aiosqlite.Connection) -> list[bool | BaseException]:
-            results: list[bool | BaseException] = []
-            for add in adds:
-                await conn.execute(SAVEPOINT)
-                try:
-                    results += await _insert_new(conn, [add])
-                except _ITEM_ERRORS as exc:
-                    await conn.execute(ROLLBACK_SAVEPOINT)
-                    results.append(_unavailable(exc, self.path))
-                await conn.execute(RELEASE_SAVEPOINT)
-            return results
-
-        return run
 
     async def _write_tx(self, fn: Callable[[aiosqlite.Connection], Awaitable[T]]) -> T:
         """Run ``fn`` in a write transaction of its own on the work connection."""

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
 from typing import TYPE_CHECKING, Any
 
 import aiosqlite
 
 from receiver.errors import StoreUnavailable
 from receiver.store.sqlite_faults import _DB_ERRORS, _close_quietly
-from receiver.store.sqlite_schema import CHECKPOINT, PRAGMA_SETTINGS
+from receiver.store.sqlite_schema import CHECKPOINT, CHECKPOINT_TRUNCATE, PRAGMA_SETTINGS
 from receiver.store.sqlite_sql import (
     CHECKPOINT_INTERVAL_SECONDS,
     CHECKPOINT_RETRY_SECONDS,
@@ -68,6 +69,14 @@ class SqliteCheckpoints:
         finally:
             if conn is not None:
                 await asyncio.shield(_close_quietly(conn))
+
+    async def _truncate_wal(self, conn: aiosqlite.Connection) -> None:
+        """Before the first commit on an intake connection reopened after a fault: copy the WAL
+        into the database file and truncate it. After a full disk, new commits would otherwise
+        append to a WAL that may already hold most of the disk, take the space just freed, and
+        fill it again, with no room left for a checkpoint to restart the WAL."""
+        with contextlib.suppress(sqlite3.Error):
+            await conn.execute_fetchall(CHECKPOINT_TRUNCATE)
 
     async def pragmas(self) -> dict[str, Any]:
         """The settings in force on the intake connection (journal mode, synchronous, ...)."""

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiosqlite
 
 from receiver.store.pull import admit
+from receiver.store.sqlite_faults import _ITEM_ERRORS, _unavailable
 from receiver.store.sqlite_pull import INSERT_OUTCOME, held_outcomes
+from receiver.store.sqlite_schema import RELEASE_SAVEPOINT, ROLLBACK_SAVEPOINT, SAVEPOINT
 from receiver.store.sqlite_sql import (
     DELIVERY_ROW,
     EVENT_ROW,
@@ -74,3 +77,24 @@ async def _insert_new(conn: aiosqlite.Connection, adds: list[_Add]) -> list[bool
         if deliveries:
             await _insert_rows(conn, INSERT_DELIVERIES_HEAD, DELIVERY_ROW, deliveries)
     return results
+
+
+def insert_each(
+    adds: list[_Add], path: Path
+) -> Callable[[aiosqlite.Connection], Awaitable[list[bool | BaseException]]]:
+    """The group inserted one event at a time, each in a savepoint, so that an event whose
+    values SQLite refuses fails alone (its caller gets the error, the others their result)."""
+
+    async def run(conn: aiosqlite.Connection) -> list[bool | BaseException]:
+        results: list[bool | BaseException] = []
+        for add in adds:
+            await conn.execute(SAVEPOINT)
+            try:
+                results += await _insert_new(conn, [add])
+            except _ITEM_ERRORS as exc:
+                await conn.execute(ROLLBACK_SAVEPOINT)
+                results.append(_unavailable(exc, path))
+            await conn.execute(RELEASE_SAVEPOINT)
+        return results
+
+    return run

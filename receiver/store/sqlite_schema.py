@@ -121,6 +121,8 @@ PRAGMA_USER_VERSION = "PRAGMA user_version"
 # it: milliseconds a commit, and every request waiting on it, would otherwise wait for).
 PRAGMA_NO_AUTOCHECKPOINT = "PRAGMA wal_autocheckpoint = 0"
 CHECKPOINT = "PRAGMA wal_checkpoint(PASSIVE)"
+# After a fault: copy the whole WAL into the database file and truncate it to zero bytes.
+CHECKPOINT_TRUNCATE = "PRAGMA wal_checkpoint(TRUNCATE)"
 PRAGMA_SETTINGS = """
 SELECT
     (SELECT journal_mode FROM pragma_journal_mode),

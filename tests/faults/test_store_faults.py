@@ -224,7 +224,11 @@ async def test_database_made_read_only(aiohttp_client: Any, tmp_path: Path) -> N
 
 
 @contextlib.contextmanager
-def small_tmpfs(path: Path, size: str = "3m") -> Iterator[Path]:
+def small_tmpfs(path: Path, size: str = "16m") -> Iterator[Path]:
+    """A tmpfs to fill up. Small, but several times the WAL's working size here (up to ~5 MB:
+    a few pages a commit, ~300 commits a second, a checkpoint restarting it every second or
+    500 events). On a disk whose free space is smaller than that, the WAL itself fills it
+    again, and a checkpoint can then no longer grow the database file to restart the WAL."""
     if os.geteuid() != 0:
         pytest.skip("mounting a small tmpfs to fill up needs root")
     path.mkdir()
