@@ -133,14 +133,14 @@ async def _postgres(schema: str, query: str) -> Any:
 
     conn = await asyncpg.connect(POSTGRES_URL)
     try:
-        return await conn.fetchval(query.replace("SCHEMA", '"' + schema + '"'))
+        return await conn.fetchval(query.format(schema='"' + schema + '"'))
     finally:
         await conn.close()
 
 
 def stored_events(work: Path, name: str, schemas: dict[str, str]) -> int:
     if name in schemas:
-        return int(asyncio.run(_postgres(schemas[name], "SELECT count(*) FROM SCHEMA.events")))
+        return int(asyncio.run(_postgres(schemas[name], "SELECT count(*) FROM {schema}.events")))
     with sqlite3.connect(work / name / "inbox.db") as conn:
         return int(conn.execute("SELECT count(*) FROM events").fetchone()[0])
 
@@ -148,7 +148,7 @@ def stored_events(work: Path, name: str, schemas: dict[str, str]) -> int:
 def drop_schemas(schemas: dict[str, str]) -> None:
     for schema in schemas.values():
         try:
-            asyncio.run(_postgres(schema, "DROP SCHEMA IF EXISTS SCHEMA CASCADE"))
+            asyncio.run(_postgres(schema, "DROP SCHEMA IF EXISTS {schema} CASCADE"))
         except Exception as exc:
             print(f"  note: schema {schema} not dropped: {exc}")
 
