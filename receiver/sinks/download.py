@@ -9,23 +9,21 @@ refused unless ``allow_private_networks = true``).
 Disk writes: the body is streamed in 64 KiB chunks and written in batches of up to 1 MiB by a
 worker thread (``asyncio.to_thread``), as are fsync and rename, so a slow disk (writeback
 throttling, a network filesystem) never stalls the event loop. A thread's file is never touched
-by the coroutine while the thread runs, even on cancellation (see :func:`_in_thread`).
+by the coroutine while the thread runs, even on cancellation (see
+:func:`receiver.sinks.atomic_files.in_thread`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import glob
 import hashlib
-import os
 import re
 import secrets
 import time
 import unicodedata
-from collections.abc import Callable
 from pathlib import Path, PurePosixPath
-from typing import IO, Any, TypeVar
+from typing import IO
 
 import aiohttp
 from aiohttp.abc import AbstractResolver
@@ -44,6 +42,14 @@ from receiver.logs import get_logger, redact_url
 from receiver.metrics import Metrics
 from receiver.netguard import AddressPolicy, GuardedClient, is_public_address
 from receiver.retry import parse_retry_after
+from receiver.sinks.atomic_files import (
+    commit,
+    discard,
+    in_thread,
+    open_temp,
+    remove_stale_temp_files,
+    write_batch,
+)
 from receiver.sinks.base import SinkContext
 
 log = get_logger(__name__)
@@ -97,8 +103,6 @@ _WINDOWS_RESERVED = frozenset(
 _UNSAFE_CHARS = frozenset('/\\<>:"|?*')
 _UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})  # controls, bidi, surrogates
 _URL_QUERY = re.compile(r"(https?://[^\s?#\"']+)\?[^\s#\"']*")
-
-T = TypeVar("T")
 
 
 def safe_component(text: object, *, fallback: str = "_") -> str:
@@ -168,74 +172,6 @@ def _scrub(text: str) -> str:
     return _URL_QUERY.sub(r"\1?<redacted>", text)
 
 
-async def _in_thread(func: Callable[..., T], *args: Any) -> T:
-    """``asyncio.to_thread``, but a cancelled caller waits for the thread before re-raising.
-
-    So the cleanup that follows a cancellation never closes or unlinks a file a thread is still
-    writing.
-    """
-    future = asyncio.ensure_future(asyncio.to_thread(func, *args))
-    try:
-        return await asyncio.shield(future)
-    except asyncio.CancelledError:
-        with contextlib.suppress(BaseException):
-            await future
-        raise
-
-
-def _open_temp(temp: Path, opened: list[IO[bytes]]) -> None:
-    temp.parent.mkdir(parents=True, exist_ok=True)
-    # "x": O_CREAT|O_EXCL, which never follows a symlink planted at that name. The handle goes
-    # into ``opened`` rather than being returned so a cancelled caller can still close it.
-    opened.append(open(temp, "xb"))  # noqa: SIM115 - closed by _commit or _discard
-
-
-def _write_batch(handle: IO[bytes], chunks: list[bytes]) -> None:
-    for chunk in chunks:
-        handle.write(chunk)
-
-
-def _commit(handle: IO[bytes], temp: Path, final: Path) -> None:
-    """fsync the file, rename it onto its final name, fsync the directory."""
-    try:
-        handle.flush()
-        os.fsync(handle.fileno())
-        handle.close()
-        os.replace(temp, final)
-    except BaseException:
-        _discard(handle, temp)
-        raise
-    fd = os.open(final.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _discard(handle: IO[bytes] | None, temp: Path) -> None:
-    if handle is not None:
-        with contextlib.suppress(OSError):
-            handle.close()
-    with contextlib.suppress(OSError):
-        temp.unlink()
-
-
-# Older than any download can take: a temporary file this old was left by a killed process
-# (another replica writing to a shared directory right now has a younger one).
-STALE_TEMP_SECONDS = 6 * 3600.0
-
-
-def remove_stale_temp_files(root: Path, now: float) -> int:
-    """Delete ``.name.tmp-*`` files under ``root`` older than STALE_TEMP_SECONDS."""
-    removed = 0
-    for temp in root.rglob(".*.tmp-*"):
-        with contextlib.suppress(OSError):
-            if temp.is_file() and now - temp.stat().st_mtime > STALE_TEMP_SECONDS:
-                temp.unlink()
-                removed += 1
-    return removed
-
-
 class DownloadSink:
     """Writes every file of an event under ``directory``, atomically.
 
@@ -279,8 +215,8 @@ class DownloadSink:
                 resolver=self._resolver,
             )
             self._client.open()
-        await _in_thread(self.directory.mkdir, 0o777, True, True)
-        self._root = await _in_thread(self.directory.resolve)
+        await in_thread(self.directory.mkdir, 0o777, True, True)
+        self._root = await in_thread(self.directory.resolve)
         if self._sweep is None:
             # In the background: a large download tree must not delay the start.
             self._sweep = asyncio.create_task(self._remove_stale(self._root))
@@ -395,7 +331,7 @@ class DownloadSink:
         opened: list[IO[bytes]] = []
         committed = False
         try:
-            await _in_thread(_open_temp, temp, opened)
+            await in_thread(open_temp, temp, opened)
             handle = opened[0]
             total = 0
             batch: list[bytes] = []
@@ -409,12 +345,12 @@ class DownloadSink:
                 batch.append(chunk)
                 batched += len(chunk)
                 if batched >= WRITE_BATCH_BYTES:
-                    await _in_thread(_write_batch, handle, batch)
+                    await in_thread(write_batch, handle, batch)
                     batch, batched = [], 0
             if batch:
-                await _in_thread(_write_batch, handle, batch)
-            committed = True  # from here _commit owns the temp file, failure included
-            await _in_thread(_commit, handle, temp, path)
+                await in_thread(write_batch, handle, batch)
+            committed = True  # from here commit owns the temp file, failure included
+            await in_thread(commit, handle, temp, path)
             return total
         except (aiohttp.ClientError, OSError) as exc:
             if isinstance(exc, OSError) and not isinstance(exc, aiohttp.ClientError):
@@ -424,7 +360,7 @@ class DownloadSink:
             ) from exc
         finally:
             if not committed:
-                await _in_thread(_discard, opened[0] if opened else None, temp)
+                await in_thread(discard, opened[0] if opened else None, temp)
 
 
 def create(settings: SinkSettings, context: SinkContext) -> DownloadSink:

@@ -532,7 +532,7 @@ async def test_stale_temporary_files_of_a_killed_run_are_removed(tmp_path):
     import os
     import time as _time
 
-    from receiver.sinks.download import STALE_TEMP_SECONDS, remove_stale_temp_files
+    from receiver.sinks.atomic_files import STALE_TEMP_SECONDS, remove_stale_temp_files
 
     folder = tmp_path / "c" / "item"
     folder.mkdir(parents=True)
