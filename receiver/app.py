@@ -1,34 +1,30 @@
-"""Wiring: the resources of one receiver process, its two listeners, and graceful shutdown.
+"""Wiring: the resources of one receiver process and the two apps its listeners serve.
 
 :class:`Runtime` opens everything a process needs (HTTP session, store, sinks, worker,
 housekeeping) in order and closes it in reverse. Both listeners share it: the public app answers
 only the webhook path and ``/healthz``; the ops app serves metrics, readiness and the admin API.
+Listening, signals and graceful shutdown are :mod:`receiver.server`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import os
-import signal
 import time
 from collections.abc import Callable
 from types import TracebackType
 from typing import Literal
 
 import aiohttp
-import structlog
 from aiohttp import web
 
 from receiver.config import Settings
 from receiver.enrich import Enricher
 from receiver.errors import StoreError
 from receiver.intake import Intake
-from receiver.listener import PublicRunner
 from receiver.logs import get_logger
 from receiver.metrics import Metrics
 from receiver.ops import Ops
-from receiver.processes import IntakeProcesses, admin_port
 from receiver.pull.admin import WatchAdmin
 from receiver.pull.poller import Poller
 from receiver.pull.reconcile import Reconciler, reconcile_periodically
@@ -309,110 +305,5 @@ class Runtime:
             await asyncio.sleep(PRUNE_INTERVAL_SECONDS)
 
 
-async def serve(settings: Settings, *, role: Role = "all", process_index: int = 0) -> None:
-    """Run until SIGTERM or SIGINT, then stop accepting, drain, release claims and return.
-
-    With ``server.processes`` above 1, process 0 starts the other intake processes and stops
-    them with itself (see :mod:`receiver.processes`); ``process_index`` is set in those.
-    """
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    drain = settings.server.shutdown_timeout_seconds
-    several = settings.server.processes > 1 and role != "worker"
-    if several:  # every log line says which of the processes wrote it
-        structlog.contextvars.bind_contextvars(process=process_index)
-    ops_port = admin_port(settings, process_index)
-    others: IntakeProcesses | None = None
-    async with Runtime(settings, role=role) as runtime:
-        loop.add_signal_handler(signal.SIGHUP, lambda: _reload_secrets(runtime))
-        runners: list[web.AppRunner] = []  # the public one(s), then the ops one
-        try:
-            if role in ("all", "intake"):
-                public = PublicRunner(
-                    runtime.public_app(),
-                    header_timeout=settings.server.read_timeout_seconds,
-                    access_log=None,
-                    shutdown_timeout=STRAGGLER_SECONDS,
-                    auto_decompress=False,
-                )
-                await public.setup()
-                runners.append(public)
-                await web.TCPSite(
-                    public, settings.server.host, settings.server.port, reuse_port=several or None
-                ).start()
-            ops = web.AppRunner(runtime.ops_app(), access_log=None, shutdown_timeout=drain)
-            await ops.setup()
-            runners.append(ops)
-            await web.TCPSite(ops, settings.admin.host, ops_port).start()
-            if several and process_index == 0:
-                others = IntakeProcesses(settings, on_failure=stop.set)
-                await others.start()
-            log.info(
-                "receiver started",
-                role=role,
-                pid=os.getpid(),
-                public=f"{settings.server.host}:{settings.server.port}{settings.server.path}"
-                if role != "worker"
-                else None,
-                ops=f"{settings.admin.host}:{ops_port}",
-                store=settings.store.url.split("://", 1)[0],
-                sinks=[s.name for s in settings.sinks],
-            )
-            await stop.wait()
-            log.info("shutting down", drain_seconds=drain)
-        finally:
-            # One drain period for everything: the public listener stops accepting and answers
-            # what is in flight while the workers stop claiming and finish (then release) theirs.
-            # The ops listener goes last so readiness is served while draining.
-            deadline = loop.time() + drain
-            if others is not None:
-                others.terminate()  # they drain at the same time as this one
-            await asyncio.gather(
-                _drain_public(runners[:-1], runtime, deadline),
-                runtime.drain_workers(drain),
-            )
-            await runtime.close()
-            if runners:
-                await runners[-1].cleanup()
-            if others is not None:
-                await others.wait(max(0.0, deadline - loop.time()) + STRAGGLER_SECONDS + 5.0)
-    log.info("stopped")
-
-
-# After the drain deadline, a request still in flight on the public listener gets this long
-# before it is cut (the upstream retries it: it never got a 2xx).
-STRAGGLER_SECONDS = 0.25
-
-
-async def _drain_public(runners: list[web.AppRunner], runtime: Runtime, deadline: float) -> None:
-    """Close the listening sockets, wait (until ``deadline``) for the requests being handled.
-
-    aiohttp's own graceful shutdown stops reading from every connection at once, so a request
-    whose body was still arriving could never finish; closing the listener first and waiting
-    for the handlers lets those bodies arrive. Answers sent meanwhile say ``Connection: close``.
-    """
-    loop = asyncio.get_running_loop()
-    for runner in runners:
-        for site in list(runner.sites):
-            await site.stop()
-    intake = runtime.intake
-    if intake is not None:
-        intake.drain()
-        await intake.drained(deadline - loop.time())
-    for runner in runners:
-        await runner.cleanup()
-
-
 async def _to_inbox_ui(_request: web.Request) -> web.Response:
     return web.Response(status=308, headers={"Location": "/ui/"})
-
-
-def _reload_secrets(runtime: Runtime) -> None:
-    try:
-        count = runtime.secrets.reload()
-    except Exception as exc:
-        log.error("webhook secrets not reloaded; keeping the previous ones", error=str(exc))
-        return
-    log.info("webhook secrets reloaded", count=count)

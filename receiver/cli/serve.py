@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         # worker process ignores it.)
         raise ConfigError("--processes: runs more intake processes; --role worker has no intake")
     configure_logging(settings.log.level, settings.log.format)
-    from receiver.app import serve
+    from receiver.server import serve
 
     run_async(serve(settings, role=args.role, process_index=args.process_index))
     return 0

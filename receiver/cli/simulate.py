@@ -17,7 +17,8 @@ def add_parser(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from receiver.simulator.run import all_delivered, run_simulator
+    from receiver.simulator.run import run_simulator
+    from receiver.simulator.summary import all_delivered
 
     options = simulate_flags.options_from_args(args, _from_config(args))
     problems = options.problems()

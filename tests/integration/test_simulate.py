@@ -16,7 +16,8 @@ from receiver.config import parse_settings
 from receiver.config_render import render_config
 from receiver.simulator.cli import options_from_args
 from receiver.simulator.delivery import DeliveryFaults
-from receiver.simulator.run import SUMMARY_PATH, SimulateOptions, Simulation, render_summary
+from receiver.simulator.run import SUMMARY_PATH, SimulateOptions, Simulation
+from receiver.simulator.summary import render_summary
 from tests.support.cli import assert_one_clean_line, run_cli
 from tests.support.helpers import free_port, wait_for
 
