@@ -134,6 +134,14 @@ def lane_counts(pending: Any, failing: Any) -> tuple[LaneCounts, ...]:
 
 # -- shared SQL ---------------------------------------------------------------------------------
 
+# Events by state and the oldest pending one, for counts(): the same SQL in both dialects.
+COUNTS = """
+SELECT
+    (SELECT count(*) FROM events WHERE state = 'pending'),
+    (SELECT count(*) FROM events WHERE state = 'done'),
+    (SELECT count(*) FROM events WHERE state = 'dead'),
+    (SELECT min(received_at) FROM events WHERE state = 'pending')
+"""
 BROWSE_SELECT = "SELECT " + EVENT_COLUMNS + " FROM events"
 WHERE_STATE = "state = :state"
 WHERE_EVENT = "event = :event"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from receiver.errors import UnknownEvent
 from receiver.store import rules
 from receiver.store.base import DeliveryRecord
@@ -23,8 +25,9 @@ class MemoryBrowse:
 
     _events: dict[str, MemoryEvent]
 
-    def _check(self) -> None:
-        raise NotImplementedError
+    if TYPE_CHECKING:
+
+        def _check(self) -> None: ...  # MemoryStore's: raises once closed or made unavailable
 
     async def browse(
         self,

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from receiver.store.base import NewEvent
-from receiver.store.pull import WatchRecord, WatchState, admit, outcome_key
+from receiver.store.pull import WatchRecord, WatchState, admit, next_poll, outcome_key
 
 
 @dataclass
@@ -24,8 +25,9 @@ class MemoryPull:
         self._watches: dict[str, _Watch] = {}
         self._outcomes: dict[str, str] = {}
 
-    def _check(self) -> None:
-        raise NotImplementedError
+    if TYPE_CHECKING:
+
+        def _check(self) -> None: ...  # MemoryStore's: raises once closed or made unavailable
 
     def _admit(self, event: NewEvent) -> bool:
         """Apply the job-outcome rule to a new event id; whether it may be stored."""
@@ -85,9 +87,7 @@ class MemoryPull:
             last_error=error,
             updated_at=now,
         )
-        w.next_poll_at = (
-            (now if next_poll_at is None else next_poll_at) if state == "watching" else None
-        )
+        w.next_poll_at = next_poll(state, now, next_poll_at)
         w.lease_owner = w.lease_expires_at = None
 
     async def expire_watches(self, *, now: float) -> int:

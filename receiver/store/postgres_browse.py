@@ -7,6 +7,7 @@ from typing import Any
 from receiver.errors import UnknownEvent
 from receiver.store.base import EVENT_STATES, EventRecord
 from receiver.store.browse import (
+    COUNTS,
     Cursor,
     DeadGroup,
     DeadGroupList,
@@ -22,7 +23,6 @@ from receiver.store.postgres_mixin import PostgresMixin
 from receiver.store.postgres_pull import command_count as _count
 from receiver.store.postgres_sql import (
     CHANNEL,
-    COUNTS,
     DEAD_GROUPS,
     DEAD_SAMPLES,
     DELIVERY_STATE,

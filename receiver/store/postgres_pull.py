@@ -16,8 +16,10 @@ from receiver.store.pull import (
     BACKFILL_JOB_OUTCOMES,
     REARM_WATCH,
     WATCH_COLUMNS,
+    WATCH_COUNTS,
     WatchRecord,
     WatchState,
+    next_poll,
     watch_records,
 )
 
@@ -100,7 +102,6 @@ LIST_WATCHES_BY_STATE = (
     "SELECT " + WATCH_COLUMNS + " FROM watches WHERE state = $1 "
     "ORDER BY since DESC, job_id LIMIT $2 OFFSET $3"
 )
-WATCH_COUNTS = "SELECT state, count(*) FROM watches GROUP BY state"
 KNOWN_OUTCOMES = "SELECT key FROM job_outcomes WHERE key = ANY($1::text[])"
 
 
@@ -147,7 +148,7 @@ class PostgresPull(PostgresMixin):
         next_poll_at: float | None = None,
         error: str | None = None,
     ) -> None:
-        nxt = (now if next_poll_at is None else next_poll_at) if state == "watching" else None
+        nxt = next_poll(state, now, next_poll_at)
 
         async def run(conn: Any) -> None:
             await conn.execute(SETTLE_WATCH, state, nxt, now, error, job_id, owner)

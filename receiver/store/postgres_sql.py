@@ -245,14 +245,6 @@ SELECT_DELIVERIES = (
     "ORDER BY event_id, sink"
 )
 
-COUNTS = """
-SELECT
-    (SELECT count(*) FROM events WHERE state = 'pending'),
-    (SELECT count(*) FROM events WHERE state = 'done'),
-    (SELECT count(*) FROM events WHERE state = 'dead'),
-    (SELECT min(received_at) FROM events WHERE state = 'pending')
-"""
-
 PING = "SELECT 1"
 
 

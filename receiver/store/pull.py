@@ -63,6 +63,8 @@ ON CONFLICT (job_id) DO UPDATE SET
 WHERE watches.state IN ('expired', 'not_found')
 """
 
+WATCH_COUNTS = "SELECT state, count(*) FROM watches GROUP BY state"
+
 
 def outcome_key(event: str, job_id: str) -> str | None:
     """The job-outcome key of an event (``"job.completed <job id>"``), None for other events."""
@@ -85,6 +87,13 @@ def admit(held: dict[str, str], key: str | None, source: str) -> tuple[bool, boo
         held[key] = source
         return True, True
     return not supersedes(prior, source), False
+
+
+def next_poll(state: WatchState, now: float, next_poll_at: float | None) -> float | None:
+    """When a settled watch is polled again: only a ``watching`` one, at ``next_poll_at`` or now."""
+    if state != "watching":
+        return None
+    return now if next_poll_at is None else next_poll_at
 
 
 def valid_job_id(value: object) -> bool:

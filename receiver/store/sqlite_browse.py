@@ -9,6 +9,7 @@ import aiosqlite
 from receiver.errors import UnknownEvent
 from receiver.store.base import EVENT_STATES, EventRecord
 from receiver.store.browse import (
+    COUNTS,
     Cursor,
     DeadGroup,
     DeadGroupList,
@@ -21,7 +22,6 @@ from receiver.store.browse import (
 )
 from receiver.store.sqlite_mixin import SqliteMixin
 from receiver.store.sqlite_sql import (
-    COUNTS,
     DEAD_GROUPS,
     DEAD_SAMPLES,
     DELIVERY_STATE,

@@ -15,8 +15,10 @@ from receiver.store.pull import (
     BACKFILL_JOB_OUTCOMES,
     REARM_WATCH,
     WATCH_COLUMNS,
+    WATCH_COUNTS,
     WatchRecord,
     WatchState,
+    next_poll,
     watch_records,
 )
 from receiver.store.sqlite_mixin import SqliteMixin
@@ -109,7 +111,6 @@ LIST_WATCHES_BY_STATE = (
     "SELECT " + WATCH_COLUMNS + " FROM watches WHERE state = ? "
     "ORDER BY since DESC, job_id LIMIT ? OFFSET ?"
 )
-WATCH_COUNTS = "SELECT state, count(*) FROM watches GROUP BY state"
 KNOWN_OUTCOMES = "SELECT key FROM job_outcomes WHERE key IN (SELECT value FROM json_each(?))"
 
 
@@ -159,7 +160,7 @@ class SqlitePull(SqliteMixin):
         next_poll_at: float | None = None,
         error: str | None = None,
     ) -> None:
-        nxt = (now if next_poll_at is None else next_poll_at) if state == "watching" else None
+        nxt = next_poll(state, now, next_poll_at)
         params = (state, nxt, now, error, now, job_id, owner)
         await self._write_tx(lambda conn: conn.execute(SETTLE_WATCH, params))
 

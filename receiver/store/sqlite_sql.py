@@ -216,14 +216,6 @@ SELECT_DELIVERIES = (
     "WHERE event_id IN (SELECT value FROM json_each(?)) ORDER BY event_id, sink"
 )
 
-COUNTS = """
-SELECT
-    (SELECT count(*) FROM events WHERE state = 'pending'),
-    (SELECT count(*) FROM events WHERE state = 'done'),
-    (SELECT count(*) FROM events WHERE state = 'dead'),
-    (SELECT min(received_at) FROM events WHERE state = 'pending')
-"""
-
 PING = "SELECT count(*) FROM (SELECT 1 FROM events LIMIT 1)"
 
 
