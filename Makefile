@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 CONFIG ?= config.example.toml
 
 .DEFAULT_GOAL := help
-.PHONY: help run simulate install-all test lint format typecheck check clean
+.PHONY: help install run simulate install-all test lint format typecheck check clean
 
 help:  ## list the targets (this text)
 	@echo "usage: make TARGET   (every target creates .venv when it needs it)"
@@ -29,6 +29,8 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 $(VENV)/.installed-all: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[all]'
 	touch $(VENV)/.installed $@
+
+install: $(VENV)/.installed  ## the receiver into .venv (the targets below do it when they need it)
 
 install-all: $(VENV)/.installed-all  ## the optional extras (redis, amqp, nats, postgres) into .venv
 
