@@ -285,8 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args(argv)
-    only = tuple(t for t in args.targets.split(",") if t)
-    if args.previous:
+    only = tuple(dict.fromkeys(t for t in args.targets.split(",") if t))
+    if args.previous and "previous" not in only:
         only = (*only, "previous")
     if unknown := set(only) - {*TARGETS, "previous"}:
         parser.error(f"unknown targets: {', '.join(sorted(unknown))}")

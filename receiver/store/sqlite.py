@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import sqlite3
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
@@ -38,7 +37,7 @@ from receiver.store.pull import outcome_key
 from receiver.store.sqlite_browse import SqliteBrowse
 from receiver.store.sqlite_checkpoints import SqliteCheckpoints
 from receiver.store.sqlite_faults import _DB_ERRORS, _ITEM_ERRORS, _close_quietly, _unavailable
-from receiver.store.sqlite_intake import _Add, _insert_new, insert_each
+from receiver.store.sqlite_intake import _Add, write_group
 from receiver.store.sqlite_lanes import SqliteLanes
 from receiver.store.sqlite_pull import SqlitePull
 from receiver.store.sqlite_schema import (
@@ -304,13 +303,8 @@ class SqliteStore(SqliteLanes, SqliteBrowse, SqliteCheckpoints, SqlitePull):
                     self._intake = await self._open_intake()
                     await self._truncate_wal(self._intake)
                 conn = self._intake
-                try:
-                    results: list[bool | BaseException] = list(
-                        await self._transaction(conn, functools.partial(_insert_new, adds=adds))
-                    )
-                except _ITEM_ERRORS:
-                    # One event's values are unacceptable: write them one by one so only it fails.
-                    results = await self._transaction(conn, insert_each(adds, self.path))
+                results = await write_group(conn, adds, self.path)
+                self.commit_count += 1
             except _DB_ERRORS as exc:
                 await self._drop("_intake")
                 return [_unavailable(exc, self.path) for _ in adds]

@@ -36,7 +36,6 @@ def _unavailable(exc: BaseException, path: Path) -> StoreUnavailable:
 
 
 # Errors that mean "the database file is not usable right now", never a bug in this module.
-# Errors that mean "the database file is not usable right now", never a bug in this module.
 _DB_ERRORS = (sqlite3.Error, OSError)
 # Errors that come from one statement's arguments, not from the file: they fail only the event
 # (or job) that caused them. A str with a lone surrogate cannot be encoded for SQLite at all.

@@ -1,9 +1,12 @@
-"""The SQLite inbox's intake: a group of new events written with one multi-row INSERT a table."""
+"""The SQLite inbox's intake: a group of new events written with one multi-row INSERT a table,
+its whole transaction in one hand-off to the intake connection's thread."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Awaitable, Callable, Sequence
+import sqlite3
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,8 +15,15 @@ import aiosqlite
 
 from receiver.store.pull import admit
 from receiver.store.sqlite_faults import _ITEM_ERRORS, _unavailable
-from receiver.store.sqlite_pull import INSERT_OUTCOME, held_outcomes
-from receiver.store.sqlite_schema import RELEASE_SAVEPOINT, ROLLBACK_SAVEPOINT, SAVEPOINT
+from receiver.store.sqlite_pull import INSERT_OUTCOME, SELECT_OUTCOMES
+from receiver.store.sqlite_schema import (
+    BEGIN_WRITE,
+    COMMIT,
+    RELEASE_SAVEPOINT,
+    ROLLBACK,
+    ROLLBACK_SAVEPOINT,
+    SAVEPOINT,
+)
 from receiver.store.sqlite_sql import (
     DELIVERY_ROW,
     EVENT_ROW,
@@ -29,13 +39,13 @@ def _rows_statement(head: str, row: str, count: int) -> str:
     return head + ", ".join([row] * count)
 
 
-async def _insert_rows(
-    conn: aiosqlite.Connection, head: str, row: str, rows: Sequence[tuple[Any, ...]]
+def _insert_rows(
+    conn: sqlite3.Connection, head: str, row: str, rows: Sequence[tuple[Any, ...]]
 ) -> None:
     for start in range(0, len(rows), ROWS_PER_STATEMENT):
         chunk = rows[start : start + ROWS_PER_STATEMENT]
         params = [value for values in chunk for value in values]
-        await conn.execute(_rows_statement(head, row, len(chunk)), params)
+        conn.execute(_rows_statement(head, row, len(chunk)), params)
 
 
 @dataclass(slots=True)
@@ -50,11 +60,19 @@ class _Add:
         return str(self.row[0])
 
 
-async def _insert_new(conn: aiosqlite.Connection, adds: list[_Add]) -> list[bool]:
+def _held_outcomes(conn: sqlite3.Connection, keys: list[str]) -> dict[str, str]:
+    """The ledger's source for each of ``keys`` it holds (inside the intake transaction)."""
+    if not keys:
+        return {}
+    rows = conn.execute(SELECT_OUTCOMES, (json.dumps(keys),)).fetchall()
+    return {row[0]: row[1] for row in rows}
+
+
+def _insert_new(conn: sqlite3.Connection, adds: list[_Add]) -> list[bool]:
     """Insert the events whose id is not stored yet; for each add, whether it was new."""
     ids = json.dumps([add.id for add in adds])
-    seen = {row[0] for row in await conn.execute_fetchall(SELECT_EXISTING_IDS, (ids,))}
-    held = await held_outcomes(conn, [add.outcome[0] for add in adds if add.outcome is not None])
+    seen = {row[0] for row in conn.execute(SELECT_EXISTING_IDS, (ids,)).fetchall()}
+    held = _held_outcomes(conn, [add.outcome[0] for add in adds if add.outcome is not None])
     fresh: list[_Add] = []
     results: list[bool] = []
     outcomes: list[tuple[str, str, str, float]] = []
@@ -70,31 +88,66 @@ async def _insert_new(conn: aiosqlite.Connection, adds: list[_Add]) -> list[bool
             seen.add(add.id)
             fresh.append(add)
     if outcomes:
-        await conn.executemany(INSERT_OUTCOME, outcomes)
+        conn.executemany(INSERT_OUTCOME, outcomes)
     if fresh:
-        await _insert_rows(conn, INSERT_EVENTS_HEAD, EVENT_ROW, [add.row for add in fresh])
+        _insert_rows(conn, INSERT_EVENTS_HEAD, EVENT_ROW, [add.row for add in fresh])
         deliveries = [row for add in fresh for row in add.deliveries]
         if deliveries:
-            await _insert_rows(conn, INSERT_DELIVERIES_HEAD, DELIVERY_ROW, deliveries)
+            _insert_rows(conn, INSERT_DELIVERIES_HEAD, DELIVERY_ROW, deliveries)
     return results
 
 
-def insert_each(
-    adds: list[_Add], path: Path
-) -> Callable[[aiosqlite.Connection], Awaitable[list[bool | BaseException]]]:
+def _insert_each(
+    conn: sqlite3.Connection, adds: list[_Add], path: Path
+) -> list[bool | BaseException]:
     """The group inserted one event at a time, each in a savepoint, so that an event whose
     values SQLite refuses fails alone (its caller gets the error, the others their result)."""
+    results: list[bool | BaseException] = []
+    for add in adds:
+        conn.execute(SAVEPOINT)
+        try:
+            results += _insert_new(conn, [add])
+        except _ITEM_ERRORS as exc:
+            conn.execute(ROLLBACK_SAVEPOINT)
+            results.append(_unavailable(exc, path))
+        conn.execute(RELEASE_SAVEPOINT)
+    return results
 
-    async def run(conn: aiosqlite.Connection) -> list[bool | BaseException]:
-        results: list[bool | BaseException] = []
-        for add in adds:
-            await conn.execute(SAVEPOINT)
-            try:
-                results += await _insert_new(conn, [add])
-            except _ITEM_ERRORS as exc:
-                await conn.execute(ROLLBACK_SAVEPOINT)
-                results.append(_unavailable(exc, path))
-            await conn.execute(RELEASE_SAVEPOINT)
-        return results
 
-    return run
+def _write_group(
+    conn: sqlite3.Connection, adds: list[_Add], path: Path
+) -> list[bool | BaseException]:
+    """The whole group's transaction, run on the connection's own thread from start to end."""
+    conn.execute(BEGIN_WRITE)
+    try:
+        try:
+            results: list[bool | BaseException] = list(_insert_new(conn, adds))
+        except _ITEM_ERRORS:
+            # One event's values are unacceptable: write them one by one so only it fails.
+            conn.execute(ROLLBACK)
+            conn.execute(BEGIN_WRITE)
+            results = _insert_each(conn, adds, path)
+        conn.execute(COMMIT)
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute(ROLLBACK)
+        raise
+    return results
+
+
+async def write_group(
+    conn: aiosqlite.Connection, adds: list[_Add], path: Path
+) -> list[bool | BaseException]:
+    """Write one group of new events in one transaction, in a single hand-off to the
+    connection's thread.
+
+    Awaiting each statement on its own (BEGIN, three SELECTs and INSERTs, COMMIT) would hand
+    the group to the event loop and back seven times; under load each hand-off waits for a
+    whole turn of a busy loop, and the group's transaction, which holds SQLite's write lock,
+    takes that many turns. ``_execute`` is aiosqlite's own way to run a function on the
+    connection's thread (what its public methods are built on).
+    """
+    results: list[bool | BaseException] = await conn._execute(  # type: ignore[no-untyped-call]
+        _write_group, conn._conn, adds, path
+    )
+    return results

@@ -2,7 +2,8 @@
 
 Kept apart from :mod:`receiver.store.sqlite`: the watch list and the job-outcome ledger have
 their own tables (:data:`PULL_SCHEMA`, one migration) and their own statements. Only the
-outcome check inside ``add_event`` lives with the event inserts (:func:`held_outcomes`).
+outcome check inside ``add_event`` lives with the event inserts
+(:mod:`receiver.store.sqlite_intake`).
 """
 
 from __future__ import annotations
@@ -112,14 +113,6 @@ LIST_WATCHES_BY_STATE = (
     "ORDER BY since DESC, job_id LIMIT ? OFFSET ?"
 )
 KNOWN_OUTCOMES = "SELECT key FROM job_outcomes WHERE key IN (SELECT value FROM json_each(?))"
-
-
-async def held_outcomes(conn: aiosqlite.Connection, keys: list[str]) -> dict[str, str]:
-    """The ledger's source for each of ``keys`` it holds (inside the intake transaction)."""
-    if not keys:
-        return {}
-    rows = await conn.execute_fetchall(SELECT_OUTCOMES, (json.dumps(keys),))
-    return {row[0]: row[1] for row in rows}
 
 
 class SqlitePull(SqliteMixin):

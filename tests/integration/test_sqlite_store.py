@@ -96,6 +96,27 @@ async def test_duplicate_within_one_batch_is_new_once(tmp_path: Path) -> None:
     assert sorted(results) == [False, False, False, False, True]
 
 
+async def test_an_event_sqlite_refuses_fails_alone_in_its_group(tmp_path: Path) -> None:
+    """A value SQLite cannot bind (here a job id that is not text) fails that caller only;
+    the rest of its group is committed."""
+    bad = new_event("ev-bad")
+    object.__setattr__(bad, "job_id", {"not": "text"})
+    async with opened(tmp_path / "inbox.db") as store:
+        before = store.commit_count
+        results = await asyncio.gather(
+            *(store.add_event(new_event(f"ev-{i}")) for i in range(5)),
+            store.add_event(bad),
+            *(store.add_event(new_event(f"ev-{i}")) for i in range(5, 10)),
+            return_exceptions=True,
+        )
+        assert store.commit_count - before == 1  # one group, written one event at a time
+        assert isinstance(results[5], StoreUnavailable), results[5]
+        assert results[:5] + results[6:] == [True] * 10
+        assert await store.get("ev-bad") is None
+        assert (await store.counts())[0]["pending"] == 10
+        assert await store.add_event(new_event("ev-after")) is True
+
+
 async def test_close_finishes_queued_adds(tmp_path: Path) -> None:
     path = tmp_path / "inbox.db"
     store = SqliteStore(settings_for(path))
