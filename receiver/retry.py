@@ -11,8 +11,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC
 from email.utils import parsedate_to_datetime
+from typing import TYPE_CHECKING
 
 from receiver.errors import PermanentError
+
+if TYPE_CHECKING:
+    from receiver.config import WorkerSettings
 
 # An upstream Retry-After is honoured up to a day; beyond that it is more likely a mistake.
 MAX_RETRY_AFTER_SECONDS = 24 * 3600.0
@@ -41,6 +45,16 @@ class RetryPolicy:
     maximum: float
     max_attempts: int
     rng: random.Random = field(default_factory=random.Random, compare=False)
+
+    @classmethod
+    def for_worker(cls, worker: WorkerSettings, max_attempts: int | None = None) -> RetryPolicy:
+        """The ``[worker]`` backoff, giving up after ``max_attempts`` (``worker.max_attempts``
+        by default)."""
+        return cls(
+            initial=worker.backoff_initial_seconds,
+            maximum=worker.backoff_max_seconds,
+            max_attempts=worker.max_attempts if max_attempts is None else max_attempts,
+        )
 
     def backoff(self, attempts: int) -> float:
         """The jittered wait after ``attempts`` failed attempts."""

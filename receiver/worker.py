@@ -20,10 +20,7 @@ import asyncio
 import contextlib
 import functools
 import math
-import os
-import socket
 import time
-import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -38,7 +35,7 @@ from receiver.metrics import Metrics
 from receiver.retry import RetryPolicy
 from receiver.sinks.base import Sink
 from receiver.store.base import EventRecord, Outcome, Store
-from receiver.store.lanes_model import DeliveryKey, LanePolicy, Leases
+from receiver.store.lanes_model import DeliveryKey, LanePolicy, Leases, new_lease_owner
 from receiver.supervisor import Supervisor
 
 log = get_logger("receiver.worker")
@@ -67,16 +64,12 @@ class Worker:
         self._enricher = enricher
         self._metrics = metrics
         self._clock = clock
-        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.owner = owner or new_lease_owner()
         worker = settings.worker
         self._concurrency = worker.concurrency
         self._lease = worker.lease_seconds
         self._poll = worker.poll_interval_seconds
-        self._enrich_policy = RetryPolicy(
-            initial=worker.backoff_initial_seconds,
-            maximum=worker.backoff_max_seconds,
-            max_attempts=worker.max_attempts,
-        )
+        self._enrich_policy = RetryPolicy.for_worker(worker)
         self._finish = Finish(metrics, clock)
         context = LaneContext(
             store=store,
@@ -101,11 +94,7 @@ class Worker:
                     circuit_max=worker.backoff_max_seconds,
                 ),
                 concurrency=settings.sink_concurrency(sink.settings),
-                retry=RetryPolicy(
-                    initial=worker.backoff_initial_seconds,
-                    maximum=worker.backoff_max_seconds,
-                    max_attempts=settings.sink_max_attempts(sink.settings),
-                ),
+                retry=RetryPolicy.for_worker(worker, settings.sink_max_attempts(sink.settings)),
                 context=context,
             )
             for sink in sinks

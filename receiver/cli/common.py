@@ -95,6 +95,17 @@ def settings_from(args: argparse.Namespace) -> Settings:
     return load_settings(config_path(args.config))
 
 
+def store_settings_from(args: argparse.Namespace, command: str, instead: str) -> Settings:
+    """:func:`settings_from`, for a command that works on the inbox directly: a ``memory://``
+    inbox lives inside the running receiver, so the command says to use ``instead``."""
+    settings = settings_from(args)
+    if settings.store.url.startswith("memory://"):
+        raise CommandError(
+            f"{command}: a memory:// inbox lives inside the running receiver; use {instead}"
+        )
+    return settings
+
+
 def read_payload(path: str | Path) -> bytes:
     """A payload file's bytes; a missing or unreadable file is a :class:`CommandError`."""
     try:

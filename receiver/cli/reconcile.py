@@ -14,10 +14,9 @@ from typing import Any, TextIO
 
 from receiver.cli.common import (
     EXIT_USAGE,
-    CommandError,
     quiet_logs,
     run_async,
-    settings_from,
+    store_settings_from,
     with_config,
 )
 from receiver.config import Settings
@@ -61,11 +60,7 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return EXIT_USAGE
-    settings = settings_from(args)
-    if settings.store.url.startswith("memory://"):
-        raise CommandError(
-            "reconcile: a memory:// inbox lives inside the running receiver; use [[reconcile]]"
-        )
+    settings = store_settings_from(args, "reconcile", "[[reconcile]]")
     quiet_logs()
     bar = ProgressBar(sys.stderr)
     summary: ReconcileSummary = run_async(

@@ -14,10 +14,9 @@ from typing import Any
 
 from receiver.cli.common import (
     EXIT_USAGE,
-    CommandError,
     quiet_logs,
     run_async,
-    settings_from,
+    store_settings_from,
     with_config,
 )
 from receiver.config import Settings
@@ -45,11 +44,7 @@ def run(args: argparse.Namespace) -> int:
     except BadJobId as exc:
         print(f"receiver: watch: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    settings = settings_from(args)
-    if settings.store.url.startswith("memory://"):
-        raise CommandError(
-            "watch: a memory:// inbox lives inside the running receiver; use POST /admin/watch"
-        )
+    settings = store_settings_from(args, "watch", "POST /admin/watch")
     quiet_logs()
     records: list[WatchRecord] = run_async(_watch(settings, job_ids))
     for record in records:

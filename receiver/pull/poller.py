@@ -20,10 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import os
-import socket
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -34,6 +31,7 @@ from receiver.metrics import Metrics
 from receiver.pull.events import OUTCOME_BY_STATUS, outcome_event
 from receiver.retry import RetryPolicy
 from receiver.store.base import Store
+from receiver.store.lanes_model import new_lease_owner
 from receiver.store.pull import WatchRecord, WatchState
 
 log = get_logger("receiver.pull.poller")
@@ -74,18 +72,14 @@ class Poller:
         self._metrics = metrics
         self._on_event = on_event
         self._clock = clock
-        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.owner = owner or new_lease_owner()
         pull, worker = settings.pull, settings.worker
         self._concurrency = pull.concurrency
         self._wait = pull.wait_seconds
         self._lease = pull.wait_seconds + settings.api.timeout_seconds + LEASE_MARGIN_SECONDS
         self._idle = worker.poll_interval_seconds
         # Never dead: a watch ends by its expiry, not by a number of failed polls.
-        self._policy = RetryPolicy(
-            initial=worker.backoff_initial_seconds,
-            maximum=worker.backoff_max_seconds,
-            max_attempts=2**31,
-        )
+        self._policy = RetryPolicy.for_worker(worker, max_attempts=2**31)
         self._failures: dict[str, int] = {}
         self._active: dict[str, asyncio.Task[None]] = {}
         self._wake = asyncio.Event()

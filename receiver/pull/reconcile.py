@@ -144,12 +144,7 @@ class Reconciler:
         self._on_event = on_event
         self._clock = clock
         self._sleep = sleep
-        worker = settings.worker
-        self._policy = RetryPolicy(
-            initial=worker.backoff_initial_seconds,
-            maximum=worker.backoff_max_seconds,
-            max_attempts=worker.max_attempts,
-        )
+        self._policy = RetryPolicy.for_worker(settings.worker)
         self._download_dirs = [
             Path(str(s.options.get("directory") or DEFAULT_DIRECTORY))
             for s in settings.sinks

@@ -6,6 +6,9 @@ The rules that use them live in :mod:`receiver.store.rules`.
 
 from __future__ import annotations
 
+import os
+import socket
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -108,6 +111,11 @@ class Leases:
 
     def __bool__(self) -> bool:
         return bool(self.events or self.deliveries)
+
+
+def new_lease_owner() -> str:
+    """A lease owner id unique to one worker or poller: ``host:pid:random``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
 def leased(record: EventRecord, sink: str) -> Leased:

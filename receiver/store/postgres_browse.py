@@ -47,6 +47,14 @@ from receiver.store.postgres_sql import (
 )
 
 
+async def _redelivered(conn: Any, event_ids: list[str], now: float, schema: str) -> None:
+    """Events with deliveries to send again: their job fetched afresh first (the snapshot may be
+    stale by now), their states recomputed, every replica's workers woken on commit."""
+    await conn.execute(REENRICH, now, event_ids)
+    await _recompute(conn, event_ids)
+    await conn.execute(NOTIFY, CHANNEL, schema)
+
+
 class PostgresBrowse(PostgresMixin):
     """Reads, redeliveries, prunes and the inbox page of the Postgres store."""
 
@@ -79,9 +87,7 @@ class PostgresBrowse(PostgresMixin):
                 raise UnknownEvent(f"no event {event_id!r} in the inbox")
             count = _count(await conn.execute(REDELIVER, now, event_id))
             if count:
-                await conn.execute(REENRICH, now, [event_id])
-                await conn.execute(NOTIFY, CHANNEL, self._schema)
-            await _recompute(conn, [event_id])
+                await _redelivered(conn, [event_id], now, self._schema)
             return count
 
         return await self._run(run, transaction=True)
@@ -92,9 +98,7 @@ class PostgresBrowse(PostgresMixin):
             if not ids:
                 return 0
             count = _count(await conn.execute(REDELIVER_DEAD, now, ids))
-            await conn.execute(REENRICH, now, ids)
-            await _recompute(conn, ids)
-            await conn.execute(NOTIFY, CHANNEL, self._schema)
+            await _redelivered(conn, ids, now, self._schema)
             return count
 
         return await self._run(run, transaction=True)
@@ -172,9 +176,7 @@ class PostgresBrowse(PostgresMixin):
                 raise UnknownEvent(f"no delivery {sink!r} for event {event_id!r}")
             count = _count(await conn.execute(REDELIVER_SINK, now, event_id, sink))
             if count:
-                await conn.execute(REENRICH, now, [event_id])
-                await conn.execute(NOTIFY, CHANNEL, self._schema)
-            await _recompute(conn, [event_id])
+                await _redelivered(conn, [event_id], now, self._schema)
             return count
 
         return await self._run(run, transaction=True)
@@ -185,9 +187,7 @@ class PostgresBrowse(PostgresMixin):
             if not ids:
                 return 0
             count = _count(await conn.execute(REDELIVER_DEAD_GROUP, now, ids, sink, error))
-            await conn.execute(REENRICH, now, ids)
-            await _recompute(conn, ids)
-            await conn.execute(NOTIFY, CHANNEL, self._schema)
+            await _redelivered(conn, ids, now, self._schema)
             return count
 
         return await self._run(run, transaction=True)

@@ -43,6 +43,13 @@ from receiver.store.sqlite_sql import (
 )
 
 
+async def _redelivered(conn: aiosqlite.Connection, event_ids: list[str], now: float) -> None:
+    """Events with deliveries to send again: their job fetched afresh first (the snapshot may be
+    stale by now), their states recomputed."""
+    await conn.execute(REENRICH, (now, json.dumps(event_ids)))
+    await _recompute(conn, event_ids)
+
+
 class SqliteBrowse(SqliteMixin):
     """Reads, redeliveries, prunes and the inbox page of the SQLite store."""
 
@@ -74,8 +81,7 @@ class SqliteBrowse(SqliteMixin):
             await _require_event(conn, event_id)
             count = int((await conn.execute(REDELIVER, (now, now, event_id))).rowcount)
             if count:
-                await conn.execute(REENRICH, (now, json.dumps([event_id])))
-            await _recompute(conn, [event_id])
+                await _redelivered(conn, [event_id], now)
             return count
 
         return await self._write_tx(run)
@@ -84,9 +90,7 @@ class SqliteBrowse(SqliteMixin):
         async def run(conn: aiosqlite.Connection) -> int:
             rows = list(await conn.execute_fetchall(REDELIVER_DEAD, (now, now)))
             if rows:
-                ids = list({row[0] for row in rows})
-                await conn.execute(REENRICH, (now, json.dumps(ids)))
-                await _recompute(conn, ids)
+                await _redelivered(conn, list({row[0] for row in rows}), now)
             return len(rows)
 
         return await self._write_tx(run)
@@ -164,8 +168,7 @@ class SqliteBrowse(SqliteMixin):
                 raise UnknownEvent(f"no delivery {sink!r} for event {event_id!r}")
             count = int((await conn.execute(REDELIVER_SINK, (now, now, event_id, sink))).rowcount)
             if count:
-                await conn.execute(REENRICH, (now, json.dumps([event_id])))
-            await _recompute(conn, [event_id])
+                await _redelivered(conn, [event_id], now)
             return count
 
         return await self._write_tx(run)
@@ -174,9 +177,7 @@ class SqliteBrowse(SqliteMixin):
         async def run(conn: aiosqlite.Connection) -> int:
             rows = list(await conn.execute_fetchall(REDELIVER_DEAD_GROUP, (now, now, sink, error)))
             if rows:
-                ids = list({row[0] for row in rows})
-                await conn.execute(REENRICH, (now, json.dumps(ids)))
-                await _recompute(conn, ids)
+                await _redelivered(conn, list({row[0] for row in rows}), now)
             return len(rows)
 
         return await self._write_tx(run)

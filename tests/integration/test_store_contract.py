@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -37,10 +36,13 @@ StoreFactory = Callable[[], Awaitable[Store]]
 def backend(request: pytest.FixtureRequest) -> str:
     name: str = request.param
     if name == "postgres":
-        if importlib.util.find_spec("receiver.store.postgres") is None:
-            pytest.skip("postgres store not implemented")
         require_postgres()
     return name
+
+
+# Cases about one inbox shared by several store instances (processes, replicas, restarts): not
+# for the memory store, which is one instance's own and keeps nothing.
+on_shared_inboxes = pytest.mark.parametrize("backend", ["sqlite", "postgres"], indirect=True)
 
 
 @pytest.fixture
@@ -425,11 +427,8 @@ async def test_a_paced_lane_hands_out_one_delivery_per_token(store: Store) -> No
     assert await claim(store, "beta", policy=other, now=T0 + 1) == ["ev-0"]
 
 
-async def test_two_stores_on_one_inbox_keep_to_one_lanes_rate(
-    backend: str, open_backend: StoreFactory
-) -> None:
-    if backend == "memory":
-        pytest.skip("a memory store is one process's own")
+@on_shared_inboxes
+async def test_two_stores_on_one_inbox_keep_to_one_lanes_rate(open_backend: StoreFactory) -> None:
     a, b = await open_backend(), await open_backend()
     for i in range(40):
         await a.add_event(new_event(f"ev-{i:02}", received_at=T0))
@@ -752,9 +751,8 @@ async def test_list_filters_orders_and_pages(store: Store) -> None:
 # -- durability ---------------------------------------------------------------------------------
 
 
-async def test_data_survives_close_and_reopen(backend: str, open_backend: StoreFactory) -> None:
-    if backend == "memory":
-        pytest.skip("the memory store keeps nothing across instances")
+@on_shared_inboxes
+async def test_data_survives_close_and_reopen(open_backend: StoreFactory) -> None:
     store = await open_backend()
     await store.add_event(new_event("ev-1"))
     await store.settle("ev-1", "alpha", Outcome(state="done"), now=T0 + 1)

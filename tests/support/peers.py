@@ -8,20 +8,17 @@ mid-test without disturbing anyone else, :class:`LocalServer` runs a private ``r
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytest
 from aiohttp import web
 
 from receiver.events import Enriched
 from tests.support.helpers import stop_process
-from tests.support.services import service_reachable
+from tests.support.services import require_tool, service_reachable
 
 
 @dataclass
@@ -87,17 +84,6 @@ class Capture:
             self.in_flight -= 1
 
 
-def require_program(name: str) -> str:
-    """The path of ``name``; skip (or fail under RECEIVER_REQUIRE_SERVICES=1) when absent."""
-    path = shutil.which(name)
-    if path:
-        return path
-    reason = f"{name} is not installed"
-    if os.environ.get("RECEIVER_REQUIRE_SERVICES") == "1":
-        pytest.fail(f"{reason} (RECEIVER_REQUIRE_SERVICES=1)")
-    pytest.skip(reason)
-
-
 class LocalServer:
     """A private broker process on ``port`` that a test can stop and start again."""
 
@@ -109,14 +95,14 @@ class LocalServer:
 
     @classmethod
     def redis(cls, port: int, directory: Path) -> LocalServer:
-        program = require_program("redis-server")
+        program = require_tool("redis-server", installed_by="apt-get install redis-server")
         argv = [program, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
         argv += ["--appendonly", "no", "--dir", str(directory), "--loglevel", "warning"]
         return cls(argv, port, directory / f"redis-{port}.log")
 
     @classmethod
     def nats(cls, port: int, directory: Path) -> LocalServer:
-        program = require_program("nats-server")
+        program = require_tool("nats-server", installed_by="apt-get install nats-server")
         store = directory / f"nats-{port}"
         argv = [program, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(store)]
         return cls(argv, port, directory / f"nats-{port}.log")
