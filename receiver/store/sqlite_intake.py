@@ -15,7 +15,7 @@ import aiosqlite
 
 from receiver.store.pull import admit
 from receiver.store.sqlite_faults import _ITEM_ERRORS, _unavailable
-from receiver.store.sqlite_pull import INSERT_OUTCOME, SELECT_OUTCOMES
+from receiver.store.sqlite_pull import INSERT_OUTCOMES_HEAD, OUTCOME_ROW, SELECT_OUTCOMES
 from receiver.store.sqlite_schema import (
     BEGIN_WRITE,
     COMMIT,
@@ -88,7 +88,7 @@ def _insert_new(conn: sqlite3.Connection, adds: list[_Add]) -> list[bool]:
             seen.add(add.id)
             fresh.append(add)
     if outcomes:
-        conn.executemany(INSERT_OUTCOME, outcomes)
+        _insert_rows(conn, INSERT_OUTCOMES_HEAD, OUTCOME_ROW, outcomes)
     if fresh:
         _insert_rows(conn, INSERT_EVENTS_HEAD, EVENT_ROW, [add.row for add in fresh])
         deliveries = [row for add in fresh for row in add.deliveries]

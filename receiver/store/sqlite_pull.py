@@ -63,9 +63,9 @@ PULL_SCHEMA: tuple[str, ...] = (
 SELECT_OUTCOMES = """
 SELECT key, source FROM job_outcomes WHERE key IN (SELECT value FROM json_each(?))
 """
-INSERT_OUTCOME = """
-INSERT INTO job_outcomes (key, event_id, source, created_at) VALUES (?, ?, ?, ?)
-"""
+# Followed by one OUTCOME_ROW per outcome (receiver.store.sqlite_intake writes them in one go).
+INSERT_OUTCOMES_HEAD = "INSERT INTO job_outcomes (key, event_id, source, created_at) VALUES "
+OUTCOME_ROW = "(?, ?, ?, ?)"
 
 ADD_WATCH = (
     """

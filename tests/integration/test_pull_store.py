@@ -109,6 +109,23 @@ async def test_two_webhooks_of_one_outcome_racing_are_both_stored(
         assert results == [True, True], round_
 
 
+async def test_outcomes_of_many_jobs_arriving_together_are_each_recorded(store: Store) -> None:
+    """One group of webhooks for many jobs records every job's outcome: a poll of any of them
+    afterwards is a duplicate, a poll of another job is not."""
+    jobs = [f"{n:08d}-bbbb-4a57-9d4f-1f0e6a2b9c11" for n in range(300)]
+    results = await asyncio.gather(
+        *(store.add_event(outcome(f"hook-{n}", "webhook", job_id=j)) for n, j in enumerate(jobs))
+    )
+    assert results == [True] * len(jobs)
+    keys = [f"job.completed {j}" for j in jobs]
+    assert await store.known_outcomes(keys) == set(keys)
+    polls = await asyncio.gather(
+        *(store.add_event(outcome(f"poll-{n}", "poll", job_id=j)) for n, j in enumerate(jobs))
+    )
+    assert polls == [False] * len(jobs)
+    assert await store.add_event(outcome("poll-other", "poll", job_id=JOB2)) is True
+
+
 # -- the watch list -----------------------------------------------------------------------------
 
 
