@@ -1,8 +1,9 @@
 """Inboxes built in bulk for the benchmarks: a million processed events, a backlog to drain.
 
-The schema is the receiver's own (``receiver.store.sqlite.MIGRATIONS``); rows go in with
-``synchronous = OFF`` in large transactions, then the WAL is folded into the main file so the
-file can be copied.
+The schema is the receiver's own (``receiver.store.sqlite.MIGRATIONS``), and so are the event
+rows' statement and the job-outcome ledger's (filled from the events as the schema's own
+migration fills it); rows go in with ``synchronous = OFF`` in large transactions, then the WAL
+is folded into the main file so the file can be copied.
 """
 
 from __future__ import annotations
@@ -11,12 +12,14 @@ import json
 import shutil
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing
 from pathlib import Path
 
 from bench.common import ROOT, webhook_body
+from receiver.store.pull import BACKFILL_JOB_OUTCOMES
 from receiver.store.sqlite import MIGRATIONS, SCHEMA_VERSION
+from receiver.store.sqlite_sql import INSERT_EVENT
 
 CHUNK = 20_000
 CACHE = ROOT / ".bench" / "cache"
@@ -39,6 +42,35 @@ def logo_event(n: int) -> bytes:
 
 def image_event(n: int) -> bytes:
     return webhook_body(f"stored-{n:08d}")
+
+
+# (event_id, sink, state, attempts, next_attempt_at, last_error, updated_at)
+INSERT_DELIVERY = (
+    "INSERT INTO deliveries (event_id, sink, state, attempts, next_attempt_at, last_error,"
+    " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def insert_rows(
+    conn: sqlite3.Connection,
+    events: Sequence[Sequence[object]],
+    deliveries: Sequence[Sequence[object]],
+) -> None:
+    """One transaction of event rows (the receiver's INSERT_EVENT: id, event, job_id, body,
+    headers, received_at, state, enrich_at) and delivery rows (INSERT_DELIVERY's columns)."""
+    conn.execute("BEGIN")
+    conn.executemany(INSERT_EVENT, events)
+    conn.executemany(INSERT_DELIVERY, deliveries)
+    conn.execute("COMMIT")
+
+
+def finish_inbox(conn: sqlite3.Connection) -> None:
+    """After the bulk rows: each job's outcome recorded, as intake records it, and the WAL folded
+    into the main file."""
+    conn.execute("BEGIN")
+    conn.execute(BACKFILL_JOB_OUTCOMES)
+    conn.execute("COMMIT")
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
 
 def new_inbox(path: Path) -> sqlite3.Connection:
@@ -88,7 +120,7 @@ def build(
                         '{"User-Agent":"bench"}',
                         received,
                         state,
-                        None if done else received,
+                        None if done else received,  # a pending event is due to be enriched
                     )
                 )
                 deliveries.append(
@@ -98,24 +130,14 @@ def build(
                         state,
                         1 if done else 0,
                         None if done else received,
+                        None,
                         received,
                     )
                 )
-            conn.execute("BEGIN")
-            conn.executemany(
-                "INSERT INTO events (id, event, job_id, body, headers, received_at, state, "
-                "next_attempt_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                events,
-            )
-            conn.executemany(
-                "INSERT INTO deliveries (event_id, sink, state, attempts, next_attempt_at, "
-                "updated_at) VALUES (?, ?, ?, ?, ?, ?)",
-                deliveries,
-            )
-            conn.execute("COMMIT")
+            insert_rows(conn, events, deliveries)
             if (start // CHUNK) % 10 == 9:
                 progress(f"    {start + CHUNK:,} / {count:,} events written")
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finish_inbox(conn)
     progress(
         f"    built {path.name}: {count:,} {state} events in {time.monotonic() - started:.0f} s"
     )

@@ -32,7 +32,7 @@ from pathlib import Path
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from bench.backlog import new_inbox
+from bench.backlog import finish_inbox, insert_rows, new_inbox
 from bench.common import ROOT, Table, machine_note, median
 from receiver.config import SinkSettings, StoreSettings
 from receiver.metrics import Metrics
@@ -102,20 +102,9 @@ def build(path: Path, count: int) -> None:
                             received + 1,
                         )
                     )
-            conn.execute("BEGIN")
-            conn.executemany(
-                "INSERT INTO events (id, event, job_id, body, headers, received_at, state,"
-                " next_attempt_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                events,
-            )
-            conn.executemany(
-                "INSERT INTO deliveries (event_id, sink, state, attempts, next_attempt_at,"
-                " last_error, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                deliveries,
-            )
-            conn.execute("COMMIT")
+            insert_rows(conn, events, deliveries)
             print(f"  {start + len(events):,} events ({time.monotonic() - started:.0f} s)")
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finish_inbox(conn)
 
 
 def inbox(count: int) -> Path:
