@@ -53,6 +53,7 @@ from receiver.store.sqlite_schema import (
     PRAGMA_QUERY_ONLY,
     PRAGMA_SYNC_FULL,
     PRAGMA_SYNC_NORMAL,
+    PRAGMA_TEMP_STORE_MEMORY,
     PRAGMA_USER_VERSION,
     PRAGMA_WAL,
     ROLLBACK,
@@ -220,6 +221,7 @@ class SqliteStore(SqliteLanes, SqliteBrowse, SqliteCheckpoints, SqlitePull):
             await conn.execute(PRAGMA_FOREIGN_KEYS)
             await conn.execute(self._sync)
             await conn.execute(PRAGMA_JOURNAL_SIZE_LIMIT)
+            await conn.execute(PRAGMA_TEMP_STORE_MEMORY)
             ((mode,),) = await conn.execute_fetchall(PRAGMA_JOURNAL_MODE)
             # Switching needs a write; skip it when the file is already WAL (read-only files).
             if str(mode).lower() != "wal":

@@ -84,7 +84,7 @@ class SqliteCheckpoints:
         async with self._turns:
             if self._intake is None:
                 raise StoreUnavailable("the inbox intake connection is down")
-            ((journal, sync, fks, busy, version),) = await self._intake.execute_fetchall(
+            ((journal, sync, fks, busy, version, temp),) = await self._intake.execute_fetchall(
                 PRAGMA_SETTINGS
             )
         return {
@@ -93,4 +93,5 @@ class SqliteCheckpoints:
             "foreign_keys": bool(fks),
             "busy_timeout_ms": busy,
             "user_version": version,
+            "temp_store": {0: "default", 1: "file", 2: "memory"}.get(temp, temp),
         }

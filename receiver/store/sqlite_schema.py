@@ -116,6 +116,10 @@ PRAGMA_WAL = "PRAGMA journal_mode = WAL"
 PRAGMA_QUERY_ONLY = "PRAGMA query_only = ON"
 # Checkpoints reset the WAL, but it keeps its size; cap what stays on disk after a burst.
 PRAGMA_JOURNAL_SIZE_LIMIT = "PRAGMA journal_size_limit = 67108864"
+# A multi-row statement inside a transaction keeps an undo copy of each page it changes (its
+# statement journal), so it can be undone alone; past 64 KiB SQLite writes that copy to a new
+# temporary file, one per group written. In memory instead: about half the writer's syscalls.
+PRAGMA_TEMP_STORE_MEMORY = "PRAGMA temp_store = MEMORY"
 PRAGMA_USER_VERSION = "PRAGMA user_version"
 # Commits never checkpoint inline (a checkpoint copies the WAL into the database file and fsyncs
 # it: milliseconds a commit, and every request waiting on it, would otherwise wait for).
@@ -129,7 +133,8 @@ SELECT
     (SELECT synchronous FROM pragma_synchronous),
     (SELECT foreign_keys FROM pragma_foreign_keys),
     (SELECT timeout FROM pragma_busy_timeout),
-    (SELECT user_version FROM pragma_user_version)
+    (SELECT user_version FROM pragma_user_version),
+    (SELECT temp_store FROM pragma_temp_store)
 """
 
 BEGIN_WRITE = "BEGIN IMMEDIATE"

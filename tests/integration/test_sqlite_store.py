@@ -63,6 +63,7 @@ async def test_wal_and_synchronous_full_by_default(tmp_path: Path) -> None:
     assert pragmas["synchronous"] == "full"
     assert pragmas["foreign_keys"] is True
     assert pragmas["busy_timeout_ms"] == 1500
+    assert pragmas["temp_store"] == "memory"  # statement journals never go to temporary files
     with sqlite3.connect(tmp_path / "inbox.db") as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"  # kept in the file
     conn.close()
