@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sqlite3
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import aiosqlite
@@ -26,6 +28,7 @@ class SqliteCheckpoints:
     """The checkpointer task and :meth:`pragmas` of :class:`~receiver.store.sqlite.SqliteStore`."""
 
     if TYPE_CHECKING:
+        path: Path
         _checkpoint_due: asyncio.Event | None
         _since_checkpoint: int
         _wal_long: bool
@@ -61,6 +64,8 @@ class SqliteCheckpoints:
                     conn = None  # the writers report the fault; try again later
                     self._since_checkpoint += 1
                     continue
+                if copied:
+                    await asyncio.to_thread(_sync_file, self.path)
                 self._wal_long = wal_pages >= WAL_RESTART_PAGES
                 if copied < wal_pages and self._since_checkpoint:
                     # Behind a busy writer: go again soon, without waiting for the next batch.
@@ -95,3 +100,22 @@ class SqliteCheckpoints:
             "user_version": version,
             "temp_store": {0: "default", 1: "file", 2: "memory"}.get(temp, temp),
         }
+
+
+def _sync_file(path: Path) -> None:
+    """fdatasync the database file, after a background checkpoint copied pages into it.
+
+    SQLite syncs the database file only when a checkpoint ends at the WAL's last frame. Under
+    constant load the background checkpoint never does (commits append while it copies), so
+    the pages it copies stay unsynced until the writer's own checkpoint between two groups,
+    whose sync then flushes all of them while every webhook waits for the writer: on an inbox
+    of a million events about 0.3 s, every two seconds. Synced here, off the commit path, that
+    checkpoint only syncs its own last pages (30 to 50 ms). Only forces to disk what is already
+    written; when it fails, the checkpoint's own sync still does it later.
+    """
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
