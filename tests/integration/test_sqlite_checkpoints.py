@@ -4,6 +4,7 @@ it into the database file, and under constant load the WAL still restarts (stays
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import sqlite3
 from contextlib import closing
@@ -88,5 +89,35 @@ async def test_commits_never_checkpoint_but_finish_a_long_wal(
 
         await wait_for(finished, 10, 0.02, "the writer to finish the checkpoint")
         assert store._wal_long is False
+    finally:
+        await store.close()
+
+
+async def test_the_checkpointer_syncs_the_pages_it_copies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pages a background checkpoint copied are synced by it, off the commit path, not left for
+    the writer's WAL-restarting checkpoint to flush while intake waits."""
+    from receiver.store import sqlite_checkpoints
+
+    synced: list[str] = []
+    real = sqlite_checkpoints.os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(sqlite_checkpoints.os, "fdatasync", fdatasync)
+    db = tmp_path / "inbox.db"
+    store = SqliteStore(StoreSettings(url=f"sqlite:///{db}"))
+    await store.open()
+    try:
+        await asyncio.gather(*(store.add_event(event(n)) for n in range(600)))
+
+        async def synced_once() -> bool:
+            return str(db) in synced
+
+        await wait_for(synced_once, 10, 0.05, "the checkpointer to sync the database file")
+        assert events_in_main_file(db, tmp_path) == 600
     finally:
         await store.close()
