@@ -221,7 +221,6 @@ class SqliteStore(SqliteLanes, SqliteBrowse, SqliteCheckpoints, SqlitePull):
             await conn.execute(PRAGMA_FOREIGN_KEYS)
             await conn.execute(self._sync)
             await conn.execute(PRAGMA_JOURNAL_SIZE_LIMIT)
-            await conn.execute(PRAGMA_TEMP_STORE_MEMORY)
             ((mode,),) = await conn.execute_fetchall(PRAGMA_JOURNAL_MODE)
             # Switching needs a write; skip it when the file is already WAL (read-only files).
             if str(mode).lower() != "wal":
@@ -237,7 +236,8 @@ class SqliteStore(SqliteLanes, SqliteBrowse, SqliteCheckpoints, SqlitePull):
         conn = await self._connect()
         try:
             await conn.execute(PRAGMA_NO_AUTOCHECKPOINT)
-            await self._migrate(conn)
+            await self._migrate(conn)  # a migration's statements may touch every page: not yet
+            await conn.execute(PRAGMA_TEMP_STORE_MEMORY)
         except BaseException:
             await _close_quietly(conn)
             raise

@@ -118,7 +118,9 @@ PRAGMA_QUERY_ONLY = "PRAGMA query_only = ON"
 PRAGMA_JOURNAL_SIZE_LIMIT = "PRAGMA journal_size_limit = 67108864"
 # A multi-row statement inside a transaction keeps an undo copy of each page it changes (its
 # statement journal), so it can be undone alone; past 64 KiB SQLite writes that copy to a new
-# temporary file, one per group written. In memory instead: about half the writer's syscalls.
+# temporary file, one per group written. On the intake connection, whose statements are bounded
+# by the group size, it stays in memory instead: about half the intake writer's syscalls. (Not
+# on the work connection: redelivering every dead letter at once may touch the whole table.)
 PRAGMA_TEMP_STORE_MEMORY = "PRAGMA temp_store = MEMORY"
 PRAGMA_USER_VERSION = "PRAGMA user_version"
 # Commits never checkpoint inline (a checkpoint copies the WAL into the database file and fsyncs
