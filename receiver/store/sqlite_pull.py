@@ -60,6 +60,7 @@ PULL_SCHEMA: tuple[str, ...] = (
     BACKFILL_JOB_OUTCOMES,
 )
 
+# Which of a list of outcome keys the ledger holds, and from which source.
 SELECT_OUTCOMES = """
 SELECT key, source FROM job_outcomes WHERE key IN (SELECT value FROM json_each(?))
 """
@@ -112,7 +113,6 @@ LIST_WATCHES_BY_STATE = (
     "SELECT " + WATCH_COLUMNS + " FROM watches WHERE state = ? "
     "ORDER BY since DESC, job_id LIMIT ? OFFSET ?"
 )
-KNOWN_OUTCOMES = "SELECT key FROM job_outcomes WHERE key IN (SELECT value FROM json_each(?))"
 
 
 class SqlitePull(SqliteMixin):
@@ -187,7 +187,7 @@ class SqlitePull(SqliteMixin):
             return set()
 
         async def run(conn: aiosqlite.Connection) -> set[str]:
-            rows = await conn.execute_fetchall(KNOWN_OUTCOMES, (json.dumps(keys),))
+            rows = await conn.execute_fetchall(SELECT_OUTCOMES, (json.dumps(keys),))
             return {row[0] for row in rows}
 
         return await self._read_tx(run)
