@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 from receiver import faults
@@ -34,7 +34,6 @@ _MAX_ID_LENGTH = 255
 # Per-event-name caches (sinks that want it, metric children) stop growing at this many names:
 # names come from signed payloads, so they are few, but nothing here may grow without bound.
 _MAX_CACHED_NAMES = 1000
-_JSON = json.JSONEncoder()
 
 _ERROR_CODES = {
     "missing_signature": (401, "missing_signature"),
@@ -70,17 +69,21 @@ def accepted_response(event_id: str, *, duplicate: bool) -> web.Response:
     the cost of json_response.
     """
     body = b'{"received": true, "id": %s, "duplicate": %s}' % (
-        _JSON.encode(event_id).encode(),
+        orjson.dumps(event_id),
         b"true" if duplicate else b"false",
     )
     return web.Response(body=body, content_type="application/json", charset="utf-8")
 
 
 def parse_event(body: bytes) -> dict[str, Any]:
-    """The body as an event object, or PayloadError saying what is wrong."""
+    """The body as an event object, or PayloadError saying what is wrong.
+
+    orjson parses strictly (RFC 8259): invalid UTF-8, lone surrogates, NaN and nesting deeper
+    than 1024 levels are malformed, and it takes a quarter of the standard library's time.
+    """
     try:
-        event = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+        event = orjson.loads(body)
+    except orjson.JSONDecodeError:
         raise PayloadError("body is not valid UTF-8 JSON") from None
     if not isinstance(event, dict):
         raise PayloadError("body is not a JSON object")

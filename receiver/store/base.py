@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+import orjson
+
 from receiver.store.pull import PullStore
 
 if TYPE_CHECKING:
@@ -49,13 +51,11 @@ if TYPE_CHECKING:
         InboxOverview,
     )
 
-# Compact, and one encoder for every event: json.dumps() with options builds a new one per call.
-_HEADERS_JSON = json.JSONEncoder(separators=(",", ":"))
-
 
 def headers_json(headers: Mapping[str, str]) -> str:
-    """An event's kept headers as stored: compact JSON."""
-    return _HEADERS_JSON.encode(headers if isinstance(headers, dict) else dict(headers))
+    """An event's kept headers as stored: compact JSON (written for every webhook stored, so
+    with orjson, in a tenth of json.dumps' time)."""
+    return orjson.dumps(headers if isinstance(headers, dict) else dict(headers)).decode()
 
 
 DeliveryState = Literal["pending", "done", "dead", "skipped"]

@@ -192,6 +192,14 @@ async def test_body_too_large_chunked(receiver):
         json.dumps({"id": "e", "object": "job", "event": "job.completed", "job_id": "j"}).encode(),
         json.dumps({"id": "", "object": "event", "event": "job.completed", "job_id": "j"}).encode(),
         json.dumps({"id": "e" * 300, "object": "event", "event": "x", "job_id": "j"}).encode(),
+        # Deeper than any parser should follow (the standard library's raised RecursionError).
+        b'{"id": "e", "object": "event", "event": "x", "job_id": "j", "x": '
+        + b"[" * 1500
+        + b"]" * 1500
+        + b"}",
+        # A lone surrogate cannot be stored as text.
+        b'{"id": "e\\ud800", "object": "event", "event": "x", "job_id": "j"}',
+        b'{"id": "e", "object": "event", "event": "x", "job_id": "j", "n": NaN}',
     ],
 )
 async def test_signed_but_malformed(receiver, body):
