@@ -67,7 +67,7 @@ from receiver.store.sqlite_sql import (
     PING,
     PRUNE_BATCH,
     ROWS_PER_STATEMENT,
-    SELECT_EXISTING_IDS,
+    SELECT_STORED,
 )
 from receiver.store.writer_turns import WriterTurns
 
@@ -79,7 +79,7 @@ __all__ = [
     "PRUNE_BATCH",
     "SCHEMA_V1",
     "SCHEMA_VERSION",
-    "SELECT_EXISTING_IDS",
+    "SELECT_STORED",
     "SqliteStore",
     "sqlite_path",
 ]

@@ -15,7 +15,7 @@ import aiosqlite
 
 from receiver.store.pull import admit
 from receiver.store.sqlite_faults import _ITEM_ERRORS, _unavailable
-from receiver.store.sqlite_pull import INSERT_OUTCOMES_HEAD, OUTCOME_ROW, SELECT_OUTCOMES
+from receiver.store.sqlite_pull import INSERT_OUTCOMES_HEAD, OUTCOME_ROW
 from receiver.store.sqlite_schema import (
     BEGIN_WRITE,
     COMMIT,
@@ -30,7 +30,7 @@ from receiver.store.sqlite_sql import (
     INSERT_DELIVERIES_HEAD,
     INSERT_EVENTS_HEAD,
     ROWS_PER_STATEMENT,
-    SELECT_EXISTING_IDS,
+    SELECT_STORED,
 )
 
 
@@ -60,19 +60,24 @@ class _Add:
         return str(self.row[0])
 
 
-def _held_outcomes(conn: sqlite3.Connection, keys: list[str]) -> dict[str, str]:
-    """The ledger's source for each of ``keys`` it holds (inside the intake transaction)."""
-    if not keys:
-        return {}
-    rows = conn.execute(SELECT_OUTCOMES, (json.dumps(keys),)).fetchall()
-    return {row[0]: row[1] for row in rows}
+def _stored(conn: sqlite3.Connection, adds: list[_Add]) -> tuple[set[str], dict[str, str]]:
+    """Which of the group's event ids are stored already, and the ledger's source for each of
+    its job outcomes held already: one statement (inside the intake transaction)."""
+    ids = json.dumps([add.id for add in adds])
+    keys = json.dumps([add.outcome[0] for add in adds if add.outcome is not None])
+    seen: set[str] = set()
+    held: dict[str, str] = {}
+    for is_outcome, key, source in conn.execute(SELECT_STORED, (ids, keys)).fetchall():
+        if is_outcome:
+            held[key] = source
+        else:
+            seen.add(key)
+    return seen, held
 
 
 def _insert_new(conn: sqlite3.Connection, adds: list[_Add]) -> list[bool]:
     """Insert the events whose id is not stored yet; for each add, whether it was new."""
-    ids = json.dumps([add.id for add in adds])
-    seen = {row[0] for row in conn.execute(SELECT_EXISTING_IDS, (ids,)).fetchall()}
-    held = _held_outcomes(conn, [add.outcome[0] for add in adds if add.outcome is not None])
+    seen, held = _stored(conn, adds)
     fresh: list[_Add] = []
     results: list[bool] = []
     outcomes: list[tuple[str, str, str, float]] = []

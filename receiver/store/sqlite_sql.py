@@ -20,7 +20,15 @@ from receiver.store.base import (
 from receiver.store.lanes_model import LanePolicy, LaneState
 
 # Lists of ids travel as one JSON array parameter, so every statement stays a fixed string.
-SELECT_EXISTING_IDS = "SELECT id FROM events WHERE id IN (SELECT value FROM json_each(?))"
+
+# Intake's one look before a group's inserts, one statement for both tables: (0, id, NULL) for
+# each event id stored already (?1, the ids), (1, key, source) for each job outcome the ledger
+# holds already (?2, the keys).
+SELECT_STORED = """
+SELECT 0, id, NULL FROM events WHERE id IN (SELECT value FROM json_each(?1))
+UNION ALL
+SELECT 1, key, source FROM job_outcomes WHERE key IN (SELECT value FROM json_each(?2))
+"""
 
 INSERT_EVENT = """
 INSERT INTO events (id, event, job_id, body, headers, received_at, state, enrich_at)

@@ -238,7 +238,7 @@ async def test_claim_and_prune_use_their_indexes(tmp_path: Path) -> None:
                 "EXPLAIN QUERY PLAN " + sqlite_module.PRUNE_BATCH, (1.0, 10)
             ).fetchall(),
             "add": conn.execute(
-                "EXPLAIN QUERY PLAN " + sqlite_module.SELECT_EXISTING_IDS, ('["a"]',)
+                "EXPLAIN QUERY PLAN " + sqlite_module.SELECT_STORED, ('["a"]', '["k"]')
             ).fetchall(),
         }
     finally:
@@ -249,6 +249,7 @@ async def test_claim_and_prune_use_their_indexes(tmp_path: Path) -> None:
     assert "TEMP B-TREE" not in text["claim"] + text["enrich"]
     assert "events_state_received (state=? AND received_at<?)" in text["prune"]
     assert "SCAN events" not in text["add"]
+    assert "SCAN job_outcomes" not in text["add"]
 
 
 # -- faults -------------------------------------------------------------------------------------
