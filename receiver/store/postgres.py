@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
@@ -50,7 +51,7 @@ from receiver.store.postgres_lanes import PostgresLanes
 from receiver.store.postgres_migrate import MigrationReport, PostgresMigrations
 from receiver.store.postgres_pull import PostgresPull
 from receiver.store.postgres_schema import MIGRATIONS, SCHEMA_VERSION, Migration, _quote_ident
-from receiver.store.postgres_sql import ADD_EVENTS, CHANNEL, CLAIM_OUTCOMES, PING
+from receiver.store.postgres_sql import ADD_EVENTS, CHANNEL, PING
 from receiver.store.pull import outcome_key
 
 # Names other modules and tests read from here.
@@ -76,6 +77,9 @@ LISTEN_HEALTH_SECONDS = 30.0
 #: at most GROUP_WRITERS pooled connections however many webhooks arrive at once.
 MAX_GROUP = 500
 GROUP_WRITERS = 2
+#: Statements a group's events get at most: an event is judged again only when another
+#: transaction claimed its job outcome during the statement (see postgres_sql.ADD_EVENTS).
+JUDGING_ROUNDS = 3
 
 
 class PostgresStore(PostgresLanes, PostgresBrowse, PostgresMigrations, PostgresPull):
@@ -253,15 +257,42 @@ class PostgresStore(PostgresLanes, PostgresBrowse, PostgresMigrations, PostgresP
         return await self._adds.submit(event)
 
     async def _write_adds(self, events: list[NewEvent]) -> list[bool | BaseException]:
-        """One group: one transaction; each event told whether its id was new.
+        """One group: one statement, its own transaction; each event told whether its id was new.
 
         Within a group only the first event of an id can be new; the rows go in id order, so
-        two groups (of two replicas) inserting the same ids lock them in the same order.
+        two groups (of two replicas) inserting the same ids lock them in the same order. Events
+        the statement could not judge (another transaction was claiming their job outcome, see
+        ADD_EVENTS) go again, in a statement of their own that sees that claim.
         """
         firsts: dict[str, NewEvent] = {}
         for event in events:
             firsts.setdefault(event.id, event)
-        rows = sorted(firsts.values(), key=lambda e: e.id)
+        pending = sorted(firsts.values(), key=lambda e: e.id)
+        added: set[str] = set()
+        failed: StoreUnavailable | None = None
+        for _round in range(JUDGING_ROUNDS):
+            try:
+                new, unjudged = await self._run(functools.partial(self._add_rows, pending))
+            except StoreUnavailable as exc:
+                failed = exc
+                break
+            added |= new
+            pending = [event for event in pending if event.id in unjudged]
+            if not pending:
+                break
+        else:
+            failed = StoreUnavailable("job outcomes kept being claimed by other transactions")
+        # Only the events still pending failed: earlier rounds are committed.
+        unwritten = {event.id for event in pending} if failed is not None else set()
+        return [
+            _copy_error(failed)
+            if failed is not None and event.id in unwritten
+            else event.id in added and firsts[event.id] is event
+            for event in events
+        ]
+
+    async def _add_rows(self, rows: list[NewEvent], conn: Any) -> tuple[set[str], set[str]]:
+        """ADD_EVENTS for ``rows`` (distinct ids, in id order): the ids new, the ids not judged."""
         columns: tuple[list[Any], ...] = ([], [], [], [], [], [], [], [])
         deliveries: tuple[list[Any], ...] = ([], [], [])
         for event in rows:
@@ -272,30 +303,12 @@ class PostgresStore(PostgresLanes, PostgresBrowse, PostgresMigrations, PostgresP
                 deliveries[0].append(event.id)
                 deliveries[1].append(sink)
                 deliveries[2].append(event.received_at)
-
         keys = [outcome_key(event.event, event.job_id) for event in rows]
         sources = [event.source for event in rows]
-        claims = sorted(
-            (key, event.id, event.source, event.received_at)
-            for key, event in zip(keys, rows, strict=True)
-            if key is not None
+        answer = await conn.fetchrow(
+            ADD_EVENTS, *columns, *deliveries, CHANNEL, self._schema, keys, sources
         )
-
-        async def run(conn: Any) -> set[str]:
-            async with conn.transaction():
-                if claims:
-                    claimed = (list(column) for column in zip(*claims, strict=True))
-                    await conn.execute(CLAIM_OUTCOMES, *claimed)
-                row = await conn.fetchrow(
-                    ADD_EVENTS, *columns, *deliveries, CHANNEL, self._schema, keys, sources
-                )
-            return set(row["added"])
-
-        try:
-            added = await self._run(run)
-        except StoreUnavailable as exc:
-            return [_copy_error(exc) for _ in events]
-        return [event.id in added and firsts[event.id] is event for event in events]
+        return set(answer["added"]), set(answer["unjudged"])
 
     # -- LISTEN/NOTIFY --------------------------------------------------------------------------
 

@@ -19,33 +19,39 @@ from receiver.store.lanes_model import LanePolicy, LaneResult, LaneState, Leases
 #: One channel for every receiver in a database; the payload names the schema that changed.
 CHANNEL = "receiver_new_events"
 
-# A group of events in one transaction of two statements and one commit. First the group's job
-# outcomes (receiver.store.pull) are claimed in the ledger, in key order: a key another
-# transaction is claiming waits for it to commit, so the second statement, with a fresh
-# snapshot, sees every outcome committed before it.
-CLAIM_OUTCOMES = """
-INSERT INTO job_outcomes (key, event_id, source, created_at)
-SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::double precision[])
-ON CONFLICT (key) DO NOTHING
-"""
-
-# Then the events the outcome rule admits (arrays of columns, one element per event: its own
-# claim of its outcome, or a webhook beside an outcome a webhook brought), the deliveries of
-# those that were new, and one notification for the whole group (sent by Postgres on commit,
-# only when anything was new). Answers the ids that were new.
+# A group of events in one statement, which is its own transaction (no BEGIN and COMMIT round
+# trips): the group's job outcomes (receiver.store.pull) claimed in the ledger in key order,
+# the events the outcome rule admits (arrays of columns, one element per event: its own claim
+# of its outcome, or a webhook beside an outcome a webhook brought), the deliveries of those
+# that were new, and one notification for the whole group (sent by Postgres on commit, only
+# when anything was new).
+#
+# A key another transaction is claiming makes the claim wait for it to commit; but the rest of
+# the statement reads the ledger as of the statement's start, so it cannot see that outcome.
+# Such an event is not judged here: it is answered in ``unjudged`` (neither stored nor
+# refused), and the store runs the statement again for it, which sees the outcome. Answers the
+# ids that were new and the ids not judged.
 ADD_EVENTS = """
 WITH rows AS (
     SELECT * FROM unnest(
         $1::text[], $2::text[], $3::text[], $4::bytea[], $5::json[],
         $6::double precision[], $7::text[], $8::double precision[], $14::text[], $15::text[]
     ) AS r (id, event, job_id, body, headers, received_at, state, enrich_at, key, source)
-), allowed AS (
-    SELECT r.* FROM rows r LEFT JOIN job_outcomes o ON o.key = r.key
-    WHERE r.key IS NULL OR o.key IS NULL OR o.event_id = r.id
-       OR (o.source = 'webhook' AND r.source = 'webhook')
+), claimed AS (
+    INSERT INTO job_outcomes (key, event_id, source, created_at)
+    SELECT key, id, source, received_at FROM rows WHERE key IS NOT NULL ORDER BY key, id
+    ON CONFLICT (key) DO NOTHING
+    RETURNING key, event_id, source
+), judged AS (
+    SELECT r.*, coalesce(c.event_id, o.event_id) AS holder, coalesce(c.source, o.source) AS held_by
+    FROM rows r
+    LEFT JOIN claimed c ON c.key = r.key
+    LEFT JOIN job_outcomes o ON o.key = r.key
 ), ins AS (
     INSERT INTO events (id, event, job_id, body, headers, received_at, state, enrich_at)
-    SELECT id, event, job_id, body, headers, received_at, state, enrich_at FROM allowed
+    SELECT id, event, job_id, body, headers, received_at, state, enrich_at FROM judged
+    WHERE key IS NULL OR holder = id OR (held_by = 'webhook' AND source = 'webhook')
+    ORDER BY id
     ON CONFLICT (id) DO NOTHING
     RETURNING id
 ), dels AS (
@@ -55,7 +61,9 @@ WITH rows AS (
     JOIN ins ON ins.id = d.event_id
 )
 SELECT coalesce(array_agg(id), '{}') AS added,
-       CASE WHEN count(*) > 0 THEN pg_notify($12, $13) END AS notified
+       CASE WHEN count(*) > 0 THEN pg_notify($12, $13) END AS notified,
+       (SELECT coalesce(array_agg(id), '{}') FROM judged WHERE key IS NOT NULL AND holder IS NULL)
+           AS unjudged
 FROM ins
 """
 

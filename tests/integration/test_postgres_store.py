@@ -20,6 +20,7 @@ from receiver.store import NewEvent, Outcome
 from receiver.store.base import Snapshot
 from receiver.store.lanes_model import LanePolicy
 from receiver.store.postgres import CHANNEL, SCHEMA_VERSION, PostgresStore
+from receiver.store.pull import outcome_key
 from tests.support.helpers import free_port, wait_for
 from tests.support.postgres import (
     POSTGRES_URL,
@@ -612,6 +613,47 @@ async def test_many_concurrent_adds_share_commits_with_one_notify_each(
     assert 1 <= written < 400
     assert len(heard.payloads) == written
     assert await fetchval(schema, "SELECT count(*) FROM events") == 400
+
+
+@pytest.mark.parametrize(("claimed_by", "stored"), [("webhook", True), ("poll", False)])
+async def test_an_outcome_claimed_during_the_groups_statement_is_judged_by_a_second_one(
+    stores: StoreFactory, schema: str, claimed_by: str, stored: bool
+) -> None:
+    """Another transaction claims a webhook's job outcome while the group's statement waits for
+    it: that statement reads the ledger as of its start and cannot judge the event, so a second
+    statement does. Beside another webhook's outcome a webhook is stored; beside a poll's, it is
+    a duplicate."""
+    store = await stores()
+    webhook = new_event("ev-webhook")
+    key = outcome_key(webhook.event, webhook.job_id)
+    other = await asyncpg.connect(POSTGRES_URL, server_settings={"search_path": schema})
+    try:
+        claim = other.transaction()
+        await claim.start()
+        await other.execute(
+            "INSERT INTO job_outcomes (key, event_id, source, created_at) VALUES ($1, $2, $3, $4)",
+            key,
+            "ev-other",
+            claimed_by,
+            T0,
+        )
+        adding = asyncio.ensure_future(store.add_event(webhook))
+
+        async def statement_waits_for_the_claim() -> bool:
+            waiting = await fetchval(
+                schema,
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE wait_event_type = 'Lock' AND query LIKE '%job_outcomes%'",
+            )
+            return waiting == 1
+
+        await wait_for(statement_waits_for_the_claim, 10, what="the group waiting for the claim")
+        await claim.commit()
+        assert await adding is stored
+    finally:
+        await other.close()
+    assert await fetchval(schema, "SELECT count(*) FROM events") == (1 if stored else 0)
+    assert await fetchval(schema, "SELECT event_id FROM job_outcomes") == "ev-other"
 
 
 async def test_a_released_connection_costs_no_reset_round_trip(stores: StoreFactory) -> None:
