@@ -20,7 +20,6 @@ from receiver.store.base import (
 from receiver.store.lanes_model import LanePolicy, LaneState
 
 # Lists of ids travel as one JSON array parameter, so every statement stays a fixed string.
-
 # Intake's one look before a group's inserts, one statement for both tables: (0, id, NULL) for
 # each event id stored already (?1, the ids), (1, key, source) for each job outcome the ledger
 # holds already (?2, the keys).
