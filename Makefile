@@ -193,7 +193,7 @@ bench-tools:  ## wrk, from the distribution, only when missing
 		sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 		$$sudo apt-get update && $$sudo apt-get install -y wrk; }
 
-bench-ingest: $(VENV)/.installed-bench bench-tools  ## intake on SQLite and Postgres (and --processes 2) vs a bare handler and per-request commits
+bench-ingest: $(VENV)/.installed-bench bench-tools  ## intake on SQLite and Postgres (and --processes 2) vs a bare handler, per-request commits and storing nothing
 	$(BIN)/python -m bench.ingest $(BENCH_ARGS)
 
 bench-scale: $(VENV)/.installed-bench bench-tools  ## 1M events stored vs empty; drain 100k

@@ -341,9 +341,12 @@ def receiver_config(
     )
 
 
-def receiver_command(config: Path, role: str, loop: str | None = None) -> list[str]:
+def receiver_command(
+    config: Path, role: str, loop: str | None = None, module: str = "receiver"
+) -> list[str]:
+    """``receiver serve`` (or another module taking its arguments) on ``loop``."""
     return python_module(
-        loop or event_loop_name(), "receiver", "serve", "--config", str(config), "--role", role
+        loop or event_loop_name(), module, "serve", "--config", str(config), "--role", role
     )
 
 

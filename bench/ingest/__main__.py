@@ -4,6 +4,8 @@ Targets, alternately in every round (the order rotates between rounds):
 
 - ``bare``: an aiohttp handler that reads the body and answers 200;
 - ``naive``: the same handler verifying the signature and doing one aiosqlite INSERT + commit;
+- ``no-store``: ``receiver serve --role intake`` with a store that keeps nothing
+  (:mod:`bench.ingest.no_store`): the receiver's ceiling here, whatever the store;
 - ``sqlite``: ``receiver serve --role intake`` on its SQLite inbox (``synchronous`` as asked,
   one download sink configured so every event also gets its delivery row);
 - ``postgres``: the same on a Postgres inbox (a fresh schema, dropped afterwards);
@@ -55,7 +57,8 @@ from tests.support.helpers import adjacent_free_ports
 
 RECEIVERS = ("sqlite", "postgres", "sqlite-x2", "postgres-x2")
 BASELINES = ("bare", "naive")
-TARGETS = ("bare", "naive", *RECEIVERS)
+NO_STORE = "no-store"
+TARGETS = ("bare", "naive", NO_STORE, *RECEIVERS)
 POSTGRES_URL = os.environ.get(
     "RECEIVER_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
 )
@@ -78,13 +81,13 @@ def start_servers(
     """Every target on the same event loop (``--loop``), each in its own process."""
     servers: dict[str, Server] = {}
     env = bench_env()
-    for name in (*RECEIVERS, "previous"):
+    for name in (NO_STORE, *RECEIVERS, "previous"):
         if name not in only:
             continue
         directory = work / name
         directory.mkdir()
         port = free_port()
-        store = None
+        store = {"url": "memory://"} if name == NO_STORE else None
         if name.startswith("postgres"):
             schemas[name] = "receiver_bench_" + uuid.uuid4().hex[:12]
             store = {"url": POSTGRES_URL, "schema": schemas[name]}
@@ -96,7 +99,8 @@ def start_servers(
             store=store,
             processes=2 if name.endswith("-x2") else 1,
         )
-        command = receiver_command(config, "intake", args.loop)
+        module = "bench.ingest.no_store" if name == NO_STORE else "receiver"
+        command = receiver_command(config, "intake", args.loop, module)
         server_env = env
         if name == "previous":
             # The receiver package of another checkout first on the path (bench stays ours).
@@ -228,8 +232,10 @@ def report(
             ratio,
         )
     out(summary.render())
-    base = "sqlite"
-    for name in ("postgres", "postgres-x2", "previous"):
+    comparisons = [(name, "sqlite") for name in ("postgres", "postgres-x2", "previous")]
+    # What storing costs: each receiver against the same receiver storing nothing.
+    comparisons += [(name, NO_STORE) for name in RECEIVERS]
+    for name, base in comparisons:
         if name in results and base in results:
             pairs = zip(results[name], results[base], strict=True)
             ratios = [a.rps / b.rps for a, b in pairs if b.rps]
