@@ -36,7 +36,13 @@ from receiver.store.batching import GroupCommit
 from receiver.store.pull import outcome_key
 from receiver.store.sqlite_browse import SqliteBrowse
 from receiver.store.sqlite_checkpoints import SqliteCheckpoints
-from receiver.store.sqlite_faults import _DB_ERRORS, _ITEM_ERRORS, _close_quietly, _unavailable
+from receiver.store.sqlite_faults import (
+    _DB_ERRORS,
+    _ITEM_ERRORS,
+    _close_quietly,
+    _is_busy,
+    _unavailable,
+)
 from receiver.store.sqlite_intake import _Add, write_group
 from receiver.store.sqlite_lanes import SqliteLanes
 from receiver.store.sqlite_pull import SqlitePull
@@ -310,7 +316,11 @@ class SqliteStore(SqliteLanes, SqliteBrowse, SqliteCheckpoints, SqlitePull):
                 results = await write_group(conn, adds, self.path)
                 self.commit_count += 1
             except _DB_ERRORS as exc:
-                await self._drop("_intake")
+                # The group was rolled back. Another process holding the lock leaves this
+                # connection sound; any other fault reopens it (and truncates the WAL, which
+                # would wait for that lock once more) before the next group.
+                if not _is_busy(exc):
+                    await self._drop("_intake")
                 return [_unavailable(exc, self.path) for _ in adds]
             if self._wal_long:
                 # The background checkpoint copied most of a long WAL; finishing it here, between

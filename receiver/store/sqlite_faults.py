@@ -11,10 +11,16 @@ import aiosqlite
 from receiver.errors import StoreUnavailable
 
 
+def _is_busy(exc: BaseException) -> bool:
+    """Whether ``exc`` says only that another connection held the lock (the connection that
+    got it is as good as before: nothing of the file is wrong)."""
+    return str(getattr(exc, "sqlite_errorname", "")).startswith(("SQLITE_BUSY", "SQLITE_LOCKED"))
+
+
 def _unavailable(exc: BaseException, path: Path) -> StoreUnavailable:
     """A short, driver-free message for what went wrong with the database file."""
     name = str(getattr(exc, "sqlite_errorname", ""))
-    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
+    if _is_busy(exc):
         message = f"the inbox database {path} is locked by another writer"
     elif name.startswith("SQLITE_READONLY"):
         message = f"the inbox database {path} is read-only"

@@ -152,6 +152,8 @@ conn.execute("COMMIT")
 async def test_database_locked_by_another_process(aiohttp_client: Any, tmp_path: Path) -> None:
     db = tmp_path / "inbox.db"
     async with intake(aiohttp_client, db) as (runtime, traffic):
+        connection = runtime.store._intake
+        assert connection is not None
         holder: subprocess.Popen[str] | None = None
 
         async def lock() -> None:
@@ -186,6 +188,9 @@ async def test_database_locked_by_another_process(aiohttp_client: Any, tmp_path:
                         pipe.close()
         check_refused_during(traffic, begun, ended)
         await check_nothing_lost(runtime, traffic)
+        # A lock held elsewhere leaves the intake connection sound: it is kept, so each refusal
+        # waits one busy timeout (reopening it would truncate the WAL, waiting a second one).
+        assert runtime.store._intake is connection
 
 
 # -- a read-only database -----------------------------------------------------------------------
