@@ -174,9 +174,8 @@ async def test_database_locked_by_another_process(aiohttp_client: Any, tmp_path:
             assert await asyncio.to_thread(holder.wait, 10) == 0
 
         try:
-            # A refused group takes up to twice BUSY_TIMEOUT (the reopened connection's WAL
-            # truncation waits for the lock, then its BEGIN), more on a busy machine: a longer
-            # fault lets several groups be refused within it, whatever the machine's load.
+            # A refused group takes BUSY_TIMEOUT, and on a busy machine up to three times that:
+            # a fault of 3 s lets several groups be refused within it, whatever the load.
             begun, ended = await run_fault(traffic, lock, unlock, seconds=3.0)
         finally:
             if holder is not None:
