@@ -208,6 +208,14 @@ class SqliteStore(SqliteLanes, SqliteBrowse, SqliteCheckpoints, SqlitePull):
             await self._drop(name)
         self._turns.close()
 
+    async def _drop_after_fault(self, name: str, exc: BaseException) -> None:
+        """After a fault on connection ``name`` (its transaction rolled back): drop it, to be
+        reopened by the next job, unless the fault was only another process holding the lock,
+        which leaves it sound (reopening the intake connection also truncates the WAL, which
+        would wait for that lock a second time)."""
+        if not _is_busy(exc):
+            await self._drop(name)
+
     async def _drop(self, name: str) -> None:
         conn = getattr(self, name)
         setattr(self, name, None)
@@ -316,11 +324,7 @@ class SqliteStore(SqliteLanes, SqliteBrowse, SqliteCheckpoints, SqlitePull):
                 results = await write_group(conn, adds, self.path)
                 self.commit_count += 1
             except _DB_ERRORS as exc:
-                # The group was rolled back. Another process holding the lock leaves this
-                # connection sound; any other fault reopens it (and truncates the WAL, which
-                # would wait for that lock once more) before the next group.
-                if not _is_busy(exc):
-                    await self._drop("_intake")
+                await self._drop_after_fault("_intake", exc)
                 return [_unavailable(exc, self.path) for _ in adds]
             if self._wal_long:
                 # The background checkpoint copied most of a long WAL; finishing it here, between
@@ -347,7 +351,7 @@ class SqliteStore(SqliteLanes, SqliteBrowse, SqliteCheckpoints, SqlitePull):
             except _ITEM_ERRORS as exc:
                 raise _unavailable(exc, self.path) from exc
             except _DB_ERRORS as exc:
-                await self._drop("_work")
+                await self._drop_after_fault("_work", exc)
                 raise _unavailable(exc, self.path) from exc
 
     async def _read_tx(self, fn: Callable[[aiosqlite.Connection], Awaitable[T]]) -> T:
@@ -369,7 +373,7 @@ class SqliteStore(SqliteLanes, SqliteBrowse, SqliteCheckpoints, SqlitePull):
                     with contextlib.suppress(sqlite3.Error):
                         await conn.execute(COMMIT)
             except _DB_ERRORS as exc:
-                await self._drop("_read")
+                await self._drop_after_fault("_read", exc)
                 raise _unavailable(exc, self.path) from exc
 
     # -- the Store interface --------------------------------------------------------------------
