@@ -282,11 +282,12 @@ class PostgresStore(PostgresLanes, PostgresBrowse, PostgresMigrations, PostgresP
                 break
         else:
             failed = StoreUnavailable("job outcomes kept being claimed by other transactions")
-        # Only the events still pending failed: earlier rounds are committed.
-        unwritten = {event.id: failed for event in pending} if failed is not None else {}
+        # Only the events still pending failed (none are unless a round failed): earlier rounds
+        # are committed.
+        unwritten = {event.id for event in pending}
         return [
-            _copy_error(error)
-            if (error := unwritten.get(event.id)) is not None
+            _copy_error(failed)
+            if failed is not None and event.id in unwritten
             else event.id in added and firsts[event.id] is event
             for event in events
         ]
