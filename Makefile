@@ -61,6 +61,12 @@ typecheck: $(VENV)/.installed-dev  ## mypy --strict on receiver/
 
 check: lint typecheck test  ## lint, typecheck and the whole suite
 
+# docs/configuration.md is generated from the config schema; tests/unit/test_docs.py fails while
+# the committed page differs from it.
+.PHONY: docs
+docs: $(VENV)/.installed  ## write docs/configuration.md from the config schema
+	$(BIN)/python -m receiver.config_reference docs/configuration.md
+
 clean:  ## remove .venv, ./data and the tool caches
 	rm -rf $(VENV) data .pytest_cache .mypy_cache .ruff_cache
 
