@@ -1,4 +1,4 @@
-"""The README's backup recipe, run with the sqlite3 command against a running receiver.
+"""docs/operations.md's backup recipe, run with the sqlite3 command against a running receiver.
 
 The inbox is in WAL mode: recent commits live in receiver.db-wal until a checkpoint, so copying
 receiver.db alone misses them. `.backup` (SQLite's online backup API) takes a consistent copy

@@ -6,7 +6,7 @@ just sent appear, filters, opens it, redelivers it and sees the sink get it agai
 carrying a script shows as text and opens no dialog; a POST without the CSRF token changes
 nothing.
 
-With ``RECEIVER_SCREENSHOTS=docs`` the run saves the pages the README shows (``make
+With ``RECEIVER_SCREENSHOTS=docs`` the run saves the pages docs/inbox-page.md shows (``make
 screenshots``). Chromium comes from Debian (``make browser-tools``): Playwright never downloads a
 browser here.
 """
@@ -89,7 +89,7 @@ def page(signed_in):
 
 
 def screenshot(page, name: str) -> None:
-    """Save the page for the README when RECEIVER_SCREENSHOTS names a folder (``docs``)."""
+    """Save the page for docs/inbox-page.md when RECEIVER_SCREENSHOTS names a folder (docs)."""
     folder = os.environ.get("RECEIVER_SCREENSHOTS")
     if folder:
         path = ROOT / folder / name
