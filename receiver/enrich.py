@@ -25,6 +25,16 @@ from receiver.store.base import EventRecord, Snapshot
 
 UNFINISHED_JOB_STATES = frozenset({"pending", "processing"})
 ASSET_READY = "completed"
+#: The ``job`` of a reconciled event whose assets name no job: nothing to fetch, and only
+#: completed assets are ever named (see :mod:`receiver.pull.events`).
+JOBLESS: Mapping[str, Any] = {"status": "completed"}
+#: ``reconcile_unit`` values of events made for assets that name no job.
+JOBLESS_UNITS = frozenset({"item", "asset"})
+
+
+def without_job(payload: Mapping[str, Any]) -> bool:
+    """Whether a stored event was made by reconcile for assets that name no job."""
+    return payload.get("source") == "reconcile" and payload.get("reconcile_unit") in JOBLESS_UNITS
 
 
 class JobSource(Protocol):
@@ -46,13 +56,17 @@ class Enricher:
     async def fetch(self, record: EventRecord) -> Snapshot:
         """The fresh job (and assets) for a stored event; raise DeliveryError if not ready."""
         started = self._clock()
-        job = await self._upstream.get_job(record.job_id)
+        payload = record.payload()
+        if without_job(payload):
+            job: dict[str, Any] = dict(JOBLESS)
+        else:
+            job = await self._upstream.get_job(record.job_id)
         status = job.get("status")
         if status in UNFINISHED_JOB_STATES:
             raise NotReady(f"job {record.job_id} is still {status}")
         assets: list[Mapping[str, Any]] = []
         if status == "completed" and record.event == "job.completed":
-            asset_ids = _asset_ids(record.payload())
+            asset_ids = _asset_ids(payload)
             if asset_ids:
                 assets = await self._fetch_assets(asset_ids)
         # The time the fetch began: a signed URL's clock starts no later than that.
@@ -83,7 +97,7 @@ class Enricher:
             asset_ids = _asset_ids(payload)
             if asset_ids and len(snapshot.assets) == len(asset_ids):
                 files = [
-                    _asset_file(asset, key, job)
+                    _asset_file(asset, key, job, payload)
                     for key, asset in zip(asset_ids, snapshot.assets, strict=True)
                 ]
             elif not asset_ids:
@@ -123,7 +137,11 @@ def _asset_ids(payload: Mapping[str, Any]) -> dict[str, str]:
     return {str(k): v for k, v in raw.items() if isinstance(v, str) and v}
 
 
-def _asset_file(asset: Mapping[str, Any], key: str, job: Mapping[str, Any]) -> FileRef:
+def _asset_file(
+    asset: Mapping[str, Any], key: str, job: Mapping[str, Any], payload: Mapping[str, Any]
+) -> FileRef:
+    """The file of a fresh asset; its collection is the asset's, else the job's, else the one
+    the event names (a reconciled event names the collection it was found in)."""
     url = asset.get("file_url")
     if not isinstance(url, str):
         raise TransientError(f"asset {asset.get('id')} has no file_url")
@@ -131,7 +149,9 @@ def _asset_file(asset: Mapping[str, Any], key: str, job: Mapping[str, Any]) -> F
         asset_type=str(asset.get("type") or key),
         asset_id=str(asset.get("id")),
         url=url,
-        collection_id=_str_or_none(asset.get("collection_id") or job.get("collection_id")),
+        collection_id=_str_or_none(
+            asset.get("collection_id") or job.get("collection_id") or payload.get("collection_id")
+        ),
         item_name=_str_or_none(job.get("item_name")),
     )
 

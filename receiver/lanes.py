@@ -42,6 +42,7 @@ from receiver.logs import get_logger
 from receiver.metrics import Metrics
 from receiver.retry import RetryPolicy
 from receiver.sinks.base import Sink
+from receiver.store.asset_ledger import ledger_entries
 from receiver.store.base import EventRecord, EventState, Outcome, Snapshot, Store
 from receiver.store.lanes_model import (
     DeliveryKey,
@@ -151,7 +152,12 @@ class Snapshots:
                 snapshot = await self._enricher.fetch(record)
             else:
                 snapshot = await self._enricher.refresh(record, old, asset_ids)
-            await self._store.save_snapshot(record.id, snapshot, now=self._clock())
+            await self._store.save_snapshot(
+                record.id,
+                snapshot,
+                ledger=ledger_entries(record.event, record.job_id, snapshot.job, snapshot.assets),
+                now=self._clock(),
+            )
             self._latest[record.id] = snapshot
             future.set_result(snapshot)
             return snapshot

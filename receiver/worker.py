@@ -34,6 +34,7 @@ from receiver.logs import get_logger
 from receiver.metrics import Metrics
 from receiver.retry import RetryPolicy
 from receiver.sinks.base import Sink
+from receiver.store.asset_ledger import ledger_entries
 from receiver.store.base import EventRecord, Outcome, Store
 from receiver.store.lanes_model import DeliveryKey, LanePolicy, Leases, new_lease_owner
 from receiver.supervisor import Supervisor
@@ -241,7 +242,13 @@ class Worker:
             finished = dict(self._finished(record, job_type))
             try:
                 state = await self._store.save_snapshot(
-                    record.id, snapshot, finished=finished, now=self._clock()
+                    record.id,
+                    snapshot,
+                    finished=finished,
+                    ledger=ledger_entries(
+                        record.event, record.job_id, snapshot.job, snapshot.assets
+                    ),
+                    now=self._clock(),
                 )
             except (StoreError, UnknownEvent) as exc:
                 log.error("could not store the fetched job", error=str(exc))

@@ -1,8 +1,9 @@
 """``receiver reconcile``: deliver a collection's completed assets that no sink has delivered.
 
-Safe while the receiver serves: the run only adds events to the inbox (ids stable per job), and
-the receiver's workers deliver them through the normal lanes. A progress bar goes to stderr,
-the summary to stdout.
+Safe while the receiver serves: the run only adds events to the inbox (ids stable per job, item
+or asset and its set of assets), and the receiver's workers deliver them through the normal
+lanes. A progress bar goes to stderr, the summary to stdout; the exit code is 1 when no asset
+could be judged.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from receiver.cli.common import (
     with_config,
 )
 from receiver.config import Settings
-from receiver.pull.reconcile import Reconciler, ReconcileSummary, parse_since
+from receiver.humantime import parse_since
+from receiver.pull.reconcile import Reconciler, ReconcileSummary
 from receiver.store.pull import valid_job_id
 
 BAR_WIDTH = 30
@@ -68,6 +70,13 @@ def run(args: argparse.Namespace) -> int:
     )
     bar.finish()
     print(summary.line())
+    if summary.failed:
+        print(
+            f"receiver: reconcile: none of the {summary.seen} assets could be judged "
+            "(no id or no type): is the API base URL right?",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

@@ -1,14 +1,19 @@
 """The events pull mode puts in the inbox, shaped like the upstream's webhooks.
 
 A watched job that finished becomes the webhook the upstream would have sent: ``job.completed``
-or ``job.failed`` naming the job. A reconcile run makes one ``job.completed`` per job, naming in
-``asset_ids`` the job's completed assets it found in the collection (keyed by asset type, as a
-webhook names them), so the worker fetches exactly those assets fresh. Both carry
-``"source": "poll"`` or ``"reconcile"`` beside the webhook fields.
+or ``job.failed`` naming the job, with ``"source": "poll"``. Its id is derived from the outcome
+and the job id (UUID version 5): the same outcome found twice gets the same id, so a poller that
+stored an event and died before recording it stores nothing new.
 
-Their ids are derived from the source, the outcome and the job id (UUID version 5): the same
-outcome found twice by the same means gets the same id, so a poller that stored an event and
-died before recording it, or a second reconcile run, stores nothing new.
+A reconcile run makes a ``job.completed`` per *unit* (the job the assets name, else their
+item, else the asset alone) naming in ``asset_ids`` the unit's completed assets no event has
+taken yet (keyed by asset type, as a webhook names them), so the worker fetches exactly those
+assets fresh, and sinks that filter on ``job.completed`` receive them. Beside the webhook fields
+it carries ``"source": "reconcile"``, ``"reconcile_unit"`` (``job``, ``item`` or ``asset``),
+``collection_id`` and, for an item, ``item_id``. For an item or asset unit there is no job to
+fetch: ``job_id`` is an id made from the unit (:func:`unit_job_id`), and the enriched event's
+``job`` is ``{"status": "completed"}``. Its id is derived from the unit and the set of assets, so
+a second run finding the same assets stores nothing new.
 """
 
 from __future__ import annotations
@@ -32,6 +37,45 @@ def event_id(source: str, event: str, job_id: str) -> str:
     return str(uuid.uuid5(EVENT_NAMESPACE, f"{source}:{event}:{job_id}"))
 
 
+def unit_job_id(unit: str, ident: str) -> str:
+    """The job id of a reconciled event whose assets name no job: one per item or asset."""
+    return str(uuid.uuid5(EVENT_NAMESPACE, f"reconcile-{unit}:{ident}"))
+
+
+def reconcile_event(
+    settings: Settings,
+    *,
+    unit: str,
+    job_id: str,
+    collection_id: str,
+    item_id: str | None,
+    assets: list[tuple[str, str]],
+    now: float,
+) -> NewEvent:
+    """The inbox event for the ``assets`` (type, id) of one reconcile unit."""
+    ids = sorted(asset_id for _type, asset_id in assets)
+    ident = str(uuid.uuid5(EVENT_NAMESPACE, f"reconcile:{unit}:{job_id}:{','.join(ids)}"))
+    asset_ids: dict[str, str] = {}
+    for asset_type, asset_id in assets:
+        key, n = asset_type, 1
+        while key in asset_ids:
+            n += 1
+            key = f"{asset_type}_{n}"
+        asset_ids[key] = asset_id
+    extra: dict[str, Any] = {"reconcile_unit": unit, "collection_id": collection_id}
+    if item_id is not None:
+        extra["item_id"] = item_id
+    return _new_event(
+        settings,
+        ident=ident,
+        source="reconcile",
+        event="job.completed",
+        job_id=job_id,
+        now=now,
+        extra={"asset_ids": asset_ids, **extra},
+    )
+
+
 def outcome_event(
     settings: Settings,
     *,
@@ -40,10 +84,30 @@ def outcome_event(
     job_id: str,
     now: float,
     job_type: str | None = None,
-    asset_ids: Mapping[str, str] | None = None,
 ) -> NewEvent:
-    """The inbox event for a job outcome found by ``source`` (``poll`` or ``reconcile``)."""
-    ident = event_id(source, event, job_id)
+    """The inbox event for a job outcome found by ``source`` (``poll``)."""
+    extra: dict[str, Any] = {"type": job_type} if job_type else {}
+    return _new_event(
+        settings,
+        ident=event_id(source, event, job_id),
+        source=source,
+        event=event,
+        job_id=job_id,
+        now=now,
+        extra=extra,
+    )
+
+
+def _new_event(
+    settings: Settings,
+    *,
+    ident: str,
+    source: str,
+    event: str,
+    job_id: str,
+    now: float,
+    extra: Mapping[str, Any],
+) -> NewEvent:
     body: dict[str, Any] = {
         "id": ident,
         "object": "event",
@@ -51,11 +115,8 @@ def outcome_event(
         "job_id": job_id,
         "timestamp": datetime.fromtimestamp(now, UTC).isoformat().replace("+00:00", "Z"),
         "source": source,
+        **extra,
     }
-    if job_type:
-        body["type"] = job_type
-    if asset_ids:
-        body["asset_ids"] = dict(asset_ids)
     return NewEvent(
         id=ident,
         event=event,

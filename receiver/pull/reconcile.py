@@ -1,50 +1,62 @@
-"""Reconcile a collection: deliver the completed assets that no sink has delivered yet.
+"""Reconcile a collection: deliver each completed asset that no event has delivered yet.
 
-A run pages through ``GET /collections/{id}/assets`` (100 a page, following
-``meta.pagination``), groups the assets by the job that made them (``metadata.job_id``) and
-judges each job:
+A run pages through ``GET /collections/{id}/assets`` (following ``meta.pagination``, whatever
+page size the upstream answers with) and judges every asset on its own, from what the upstream
+guarantees for an asset (its ``id``, ``type``, ``status``, ``item_id`` and ``created_at``; the
+free-form ``metadata`` may be null):
 
-- **not ready** while any of its assets is not ``completed`` (derived formats finish after the
-  parent job; the job is delivered whole, by a later run);
-- **already delivered** when the inbox's job-outcome ledger holds its ``job.completed`` (by
-  webhook, poll or an earlier reconcile, even after the event itself was pruned), or when a
-  download sink already holds every one of its files;
-- otherwise **newly delivered**: a ``job.completed`` event naming those assets in ``asset_ids``
-  (see :mod:`receiver.pull.events`) goes into the inbox, and the workers of the running
-  receiver hand it to every sink through the normal lanes.
+- **skipped**, with the reason: archived, created before ``--since``, or unreadable (no id or
+  no type: it cannot be judged);
+- **not ready** while its ``status`` is not ``completed`` (a later run takes it);
+- **already delivered** when the asset ledger (:mod:`receiver.store.asset_ledger`) says an event
+  took it: by its asset id (a webhook, a poll or an earlier run named it), or by the job's or
+  the item's file of its type or the file's address (an event that used the job's ``urls``),
+  or when a download sink already holds its file;
+- **waiting** when the job that made it has an outcome in the inbox whose job is not fetched
+  yet (that event will deliver it);
+- otherwise **newly delivered**: it goes into a ``job.completed`` event (see
+  :mod:`receiver.pull.events`) with the other missing assets of its *unit*, and the workers of
+  the running receiver hand it to every sink through the normal lanes.
 
-Assets archived, older than ``since``, or without a job reference are counted as skipped. The
-run only adds events, with ids stable per job, so it is safe while the receiver serves and a
-second run delivers nothing new. 429 and other transient upstream answers are retried with the
-worker's backoff, or after the upstream's ``Retry-After`` when longer.
+The unit is the job when the asset names one (``metadata.job_id``, which some upstreams give),
+else the item (``item_id``), else the asset alone. The run only adds events, with ids stable per
+unit and set of assets, so it is safe while the receiver serves and a second run delivers
+nothing new. 429 and other transient upstream answers are retried with the worker's backoff, or
+after the upstream's ``Retry-After`` when longer.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from receiver.config import ReconcileSettings, Settings
 from receiver.errors import ReceiverError, TransientError
 from receiver.logs import get_logger
 from receiver.metrics import Metrics
-from receiver.pull.events import outcome_event
+from receiver.pull.events import reconcile_event, unit_job_id
 from receiver.retry import RetryPolicy
 from receiver.sinks.download import DEFAULT_DIRECTORY, has_file
+from receiver.store.asset_ledger import (
+    asset_key,
+    item_type_key,
+    job_key,
+    job_type_key,
+    upstream_time,
+    url_key,
+)
 from receiver.store.base import Store
 from receiver.store.pull import outcome_key
 
 log = get_logger("receiver.pull.reconcile")
 
 ASSET_READY = "completed"
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+Unit = Literal["job", "item", "asset"]
 
 
 class AssetPages(Protocol):
@@ -66,10 +78,21 @@ class ReconcileSummary:
     already_delivered: int = 0
     newly_delivered: int = 0
     not_ready: int = 0
-    skipped: int = 0
+    waiting: int = 0
+    skipped: Counter[str] = field(default_factory=Counter)
     events: int = 0
     retries: int = 0
     total: int | None = None
+
+    @property
+    def unjudged(self) -> int:
+        """Assets that could not be judged at all (no id or no type)."""
+        return self.skipped["unreadable"]
+
+    @property
+    def failed(self) -> bool:
+        """A run that saw assets and could judge none of them: something is wrong upstream."""
+        return self.seen > 0 and self.unjudged == self.seen
 
     def line(self) -> str:
         new = "to deliver" if self.dry_run else "newly delivered"
@@ -77,47 +100,45 @@ class ReconcileSummary:
             f"collection {self.collection_id}: seen {self.seen}, already delivered "
             f"{self.already_delivered}, {new} {self.newly_delivered}, not ready {self.not_ready}"
         )
+        if self.waiting:
+            text += f", waiting for the inbox {self.waiting}"
         if self.skipped:
-            text += f", skipped {self.skipped}"
+            reasons = ", ".join(f"{why} {n}" for why, n in sorted(self.skipped.items()))
+            text += f", skipped {sum(self.skipped.values())} ({reasons})"
         return text + (" (dry run: nothing stored)" if self.dry_run else "")
 
 
+@dataclass(frozen=True)
+class _Asset:
+    id: str
+    type: str
+    ready: bool
+    item_id: str | None
+    created: float | None
+    where: str | None  # the url key of its file_url
+
+
 @dataclass
-class _Job:
-    collection_id: str | None
-    assets: dict[str, str] = field(default_factory=dict)  # key -> asset id
-    types: dict[str, str] = field(default_factory=dict)  # key -> asset type
-    ready: bool = True
+class _Unit:
+    kind: Unit
+    ident: str
+    assets: list[_Asset] = field(default_factory=list)
+
+    @property
+    def job_id(self) -> str:
+        """The job id its event carries: the job's own, or one made for the item or asset."""
+        return self.ident if self.kind == "job" else unit_job_id(self.kind, self.ident)
 
 
-def parse_since(value: str, *, now: float) -> float:
-    """``--since``: an ISO 8601 date or time (UTC unless it says), or an age such as ``48h``,
-    ``7d``, ``30m``; the unix time it names. ValueError for anything else."""
-    text = value.strip()
-    match = _DURATION.fullmatch(text)
-    if match:
-        return now - float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-    when = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return when.timestamp()
-
-
-def _created(asset: Mapping[str, Any]) -> float | None:
-    value = asset.get("created_at")
-    if not isinstance(value, str):
-        return None
-    try:
-        return parse_since(value, now=0.0)
-    except ValueError:
-        return None
-
-
-def _job_id(asset: Mapping[str, Any]) -> str | None:
-    metadata = asset.get("metadata")
-    value = metadata.get("job_id") if isinstance(metadata, dict) else None
-    value = value or asset.get("job_id")
+def _text(value: object) -> str | None:
     return value if isinstance(value, str) and value else None
+
+
+def _job_reference(asset: Mapping[str, Any]) -> str | None:
+    """The job an asset names, when the upstream gives one (``metadata`` is free-form)."""
+    metadata = asset.get("metadata")
+    found = metadata.get("job_id") if isinstance(metadata, dict) else None
+    return _text(found) or _text(asset.get("job_id"))
 
 
 class Reconciler:
@@ -162,7 +183,7 @@ class Reconciler:
         """One pass over the collection; the summary. Raises ReceiverError when a page cannot
         be fetched (after retries) or the store cannot be used."""
         summary = ReconcileSummary(collection_id, dry_run=dry_run)
-        jobs: dict[str, _Job] = {}
+        units: dict[tuple[Unit, str], _Unit] = {}
         offset = 0
         while True:
             page, pagination = await self._page(collection_id, offset, summary)
@@ -170,14 +191,14 @@ class Reconciler:
             total = pagination.get("total")
             summary.total = total if isinstance(total, int) else None
             for asset in page:
-                self._sort(asset, jobs, summary, since)
+                self._sort(asset, units, summary, since)
             if progress is not None:
                 progress(summary)
             limit = pagination.get("limit")
             if pagination.get("has_more") is not True or not page or not isinstance(limit, int):
                 break
             offset = int(pagination.get("offset", offset)) + limit
-        await self._deliver(jobs, summary, dry_run)
+        await self._deliver(collection_id, list(units.values()), summary, dry_run)
         return summary
 
     async def _page(
@@ -205,72 +226,118 @@ class Reconciler:
     def _sort(
         self,
         asset: Mapping[str, Any],
-        jobs: dict[str, _Job],
+        units: dict[tuple[Unit, str], _Unit],
         summary: ReconcileSummary,
         since: float | None,
     ) -> None:
         summary.seen += 1
-        job_id = _job_id(asset)
-        created = _created(asset)
-        old = since is not None and (created is None or created < since)
-        if job_id is None or asset.get("is_archived") is True or old:
-            summary.skipped += 1
+        ident, kind = _text(asset.get("id")), _text(asset.get("type"))
+        created = upstream_time(asset.get("created_at"))
+        if ident is None or kind is None:
+            summary.skipped["unreadable"] += 1
             return
-        collection = asset.get("collection_id")
-        job = jobs.setdefault(job_id, _Job(collection if isinstance(collection, str) else None))
-        asset_type = str(asset.get("type") or "asset")
-        key, n = asset_type, 1
-        while key in job.assets:
-            n += 1
-            key = f"{asset_type}_{n}"
-        job.assets[key] = str(asset.get("id"))
-        job.types[key] = asset_type
-        if asset.get("status") != ASSET_READY:
-            job.ready = False
-
-    async def _deliver(self, jobs: dict[str, _Job], summary: ReconcileSummary, dry: bool) -> None:
-        known = await self._store.known_outcomes(
-            [key for job_id in jobs if (key := outcome_key("job.completed", job_id))]
+        if asset.get("is_archived") is True:
+            summary.skipped["archived"] += 1
+            return
+        if since is not None and (created is None or created < since):
+            summary.skipped["before --since"] += 1
+            return
+        item_id = _text(asset.get("item_id"))
+        job_id = _job_reference(asset)
+        unit: tuple[Unit, str] = (
+            ("job", job_id) if job_id else ("item", item_id) if item_id else ("asset", ident)
         )
-        for job_id, job in jobs.items():
-            count = len(job.assets)
-            if not job.ready:
-                summary.not_ready += count
-            elif outcome_key("job.completed", job_id) in known or await asyncio.to_thread(
-                self._on_disk, job
-            ):
-                summary.already_delivered += count
-            elif dry:
-                summary.newly_delivered += count
-            elif await self._store.add_event(
-                outcome_event(
-                    self._settings,
-                    source="reconcile",
-                    event="job.completed",
-                    job_id=job_id,
-                    now=self._clock(),
-                    asset_ids=job.assets,
-                )
-            ):
-                summary.newly_delivered += count
+        ready = asset.get("status") == ASSET_READY
+        units.setdefault(unit, _Unit(*unit)).assets.append(
+            _Asset(ident, kind, ready, item_id, created, url_key(asset.get("file_url")))
+        )
+
+    async def _deliver(
+        self, collection_id: str, units: list[_Unit], summary: ReconcileSummary, dry: bool
+    ) -> None:
+        keys: list[str] = []
+        for unit in units:
+            keys.append(job_key(unit.job_id))
+            for a in unit.assets:
+                keys += [asset_key(a.id), job_type_key(unit.job_id, a.type)]
+                if a.item_id:
+                    keys.append(item_type_key(a.item_id, a.type))
+                if a.where:
+                    keys.append(a.where)
+        ledger = await self._store.ledger(list(dict.fromkeys(keys)))
+        held = await self._store.known_outcomes(
+            [k for u in units if (k := outcome_key("job.completed", u.job_id))]
+        )
+        for unit in units:
+            missing = await self._judge(collection_id, unit, ledger, held, summary)
+            if not missing:
+                continue
+            if dry:
+                summary.newly_delivered += len(missing)
+                continue
+            event = reconcile_event(
+                self._settings,
+                unit=unit.kind,
+                job_id=unit.job_id,
+                collection_id=collection_id,
+                item_id=unit.ident if unit.kind == "item" else None,
+                assets=[(a.type, a.id) for a in missing],
+                now=self._clock(),
+            )
+            if await self._store.add_event(event):
+                summary.newly_delivered += len(missing)
                 summary.events += 1
                 if self._metrics is not None:
                     self._metrics.pull_events.labels("reconcile").inc()
                     self._metrics.events.labels("job.completed", "received").inc()
-            else:  # stored meanwhile by a webhook, a poll or another run
-                summary.already_delivered += count
+            else:  # the same assets stored meanwhile by another run
+                summary.already_delivered += len(missing)
         if summary.events:
             self._on_event()
 
-    def _on_disk(self, job: _Job) -> bool:
-        """Whether a download sink already holds every file of the job."""
-        return any(
-            all(
-                has_file(root, job.collection_id, job.types[key], asset_id)
-                for key, asset_id in job.assets.items()
-            )
-            for root in self._download_dirs
+    async def _judge(
+        self,
+        collection_id: str,
+        unit: _Unit,
+        ledger: Mapping[str, float | None],
+        held: set[str],
+        summary: ReconcileSummary,
+    ) -> list[_Asset]:
+        """Count each asset of ``unit``; the completed ones no event has taken."""
+        pending = outcome_key("job.completed", unit.job_id) in held and (
+            job_key(unit.job_id) not in ledger
         )
+        missing = []
+        for a in unit.assets:
+            if not a.ready:
+                summary.not_ready += 1
+            elif self._taken(unit, a, ledger) or await asyncio.to_thread(
+                self._on_disk, collection_id, a
+            ):
+                summary.already_delivered += 1
+            elif pending:
+                summary.waiting += 1
+            else:
+                missing.append(a)
+        return missing
+
+    @staticmethod
+    def _taken(unit: _Unit, a: _Asset, ledger: Mapping[str, float | None]) -> bool:
+        if asset_key(a.id) in ledger or job_type_key(unit.job_id, a.type) in ledger:
+            return True
+        if a.where is not None and a.where in ledger:
+            return True
+        if a.item_id is None:
+            return False
+        key = item_type_key(a.item_id, a.type)
+        if key not in ledger:
+            return False
+        taken_at = ledger[key]
+        return a.created is None or taken_at is None or a.created <= taken_at
+
+    def _on_disk(self, collection_id: str, a: _Asset) -> bool:
+        """Whether a download sink already holds this asset's file."""
+        return any(has_file(root, collection_id, a.type, a.id) for root in self._download_dirs)
 
 
 async def reconcile_periodically(reconciler: Reconciler, config: ReconcileSettings) -> None:
@@ -284,13 +351,15 @@ async def reconcile_periodically(reconciler: Reconciler, config: ReconcileSettin
         except ReceiverError as exc:
             log.warning("reconcile failed", collection_id=config.collection_id, error=exc.message)
         else:
-            log.info(
+            log.log(
+                40 if summary.failed else 20,
                 "reconciled",
                 collection_id=config.collection_id,
                 seen=summary.seen,
                 already_delivered=summary.already_delivered,
                 newly_delivered=summary.newly_delivered,
                 not_ready=summary.not_ready,
-                skipped=summary.skipped,
+                waiting=summary.waiting,
+                skipped=dict(summary.skipped),
             )
         await asyncio.sleep(config.interval_minutes * 60)

@@ -173,6 +173,7 @@ class Simulator(SimulatorState):
         if params is None:
             return _error(400, "validation_failed", "limit is 1 to 100 and offset >= 0.")
         limit, offset = params
+        limit = self.shape.page_limit(f"{collection_id}:{offset}", limit)
         with_urls = request.query.get("include_file_urls", "true").lower() != "false"
         page = assets[offset : offset + limit]
         data = []

@@ -12,6 +12,7 @@ from typing import Any
 from receiver.simulator.delivery import DeliveryFaults
 from receiver.simulator.handoff import DEFAULT_GRACE_SECONDS
 from receiver.simulator.run import SimulateOptions
+from receiver.simulator.shape import DEFAULT_SHAPE, SHAPES
 
 #: The flags ``--config`` can supply (their option names as attributes).
 _FROM_CONFIG = ("host", "port", "api_key", "target", "secret")
@@ -67,6 +68,13 @@ examples:
         "--seed",
         type=int,
         help="seed of every random choice (default: a random one, printed at the end)",
+    )
+    events.add_argument(
+        "--shape",
+        choices=SHAPES,
+        default=DEFAULT_SHAPE,
+        help="which optional fields objects carry: full (all), minimal (only what the spec "
+        f"guarantees) or mixed (varied per object, as the spec allows; default {DEFAULT_SHAPE})",
     )
     delivery = p.add_argument_group("delivery")
     delivery.add_argument(
@@ -231,5 +239,6 @@ def options_from_args(
         grace=args.grace,
         duration=args.duration,
         seed=seed,
+        shape=args.shape,
         summary_json=args.summary_json,
     )

@@ -31,6 +31,7 @@ from receiver.simulator.delivery import ATTEMPT_TIMEOUT_SECONDS, DeliveryFaults
 from receiver.simulator.handoff import DEFAULT_GRACE_SECONDS, unfetched, wait_for_fetches
 from receiver.simulator.model import KINDS
 from receiver.simulator.sender import WebhookSender
+from receiver.simulator.shape import DEFAULT_SHAPE, ShapeName
 from receiver.simulator.summary import render_summary
 
 log = get_logger("receiver.simulator")
@@ -77,6 +78,7 @@ class SimulateOptions:
     grace: float = DEFAULT_GRACE_SECONDS
     duration: float | None = None
     seed: int = 0
+    shape: ShapeName = DEFAULT_SHAPE
     summary_json: str | None = None
 
     def problems(self) -> list[str]:
@@ -137,7 +139,7 @@ class Simulation:
         if problems:
             raise ValueError("; ".join(problems))
         self.options = options
-        self.sim = Simulator(api_key=options.api_key, seed=options.seed)
+        self.sim = Simulator(api_key=options.api_key, seed=options.seed, shape=options.shape)
         self.sim.derived_delay_seconds = options.derived_delay
         self.sim.job_pending_for_seconds = options.pending_for
         self.sim.rate_limit_fraction = options.rate_limit_fraction
@@ -302,6 +304,7 @@ class Simulation:
             "receiver_fetches_missing": unfetched(self.sim, self.sender),
             "api": api,
             "seed": self.options.seed,
+            "shape": self.options.shape,
         }
 
     def render_summary(self) -> str:

@@ -34,6 +34,18 @@ from receiver.simulator.model import (
     iso,
 )
 from receiver.simulator.pulling import PullingState
+from receiver.simulator.shape import (
+    ASSET_NULLABLE,
+    ASSET_OPTIONAL,
+    ASSET_OPTIONAL_NULLABLE,
+    DEFAULT_SHAPE,
+    JOB_NULLABLE,
+    JOB_OPTIONAL,
+    JOB_OPTIONAL_NULLABLE,
+    PRESENT,
+    Shape,
+    ShapeName,
+)
 
 
 class SimulatorState(PullingState):
@@ -67,8 +79,11 @@ class SimulatorState(PullingState):
         seed: int = 0,
         now: Callable[[], float] = time.time,
         url_ttl_seconds: float = 3600.0,
+        shape: ShapeName = DEFAULT_SHAPE,
     ) -> None:
         super().__init__()
+        #: Which optional fields each object carries (see :mod:`receiver.simulator.shape`).
+        self.shape = Shape(shape, seed=seed)
         self.api_key = api_key
         #: Origin used in file URLs; ``None`` uses the origin each request arrived on.
         self.public_base_url = public_base_url.rstrip("/") if public_base_url else None
@@ -327,7 +342,7 @@ class SimulatorState(PullingState):
             if status == "completed"
             else {}
         )
-        return {
+        data = {
             "id": job.id,
             "status": status,
             "type": job.type,
@@ -342,44 +357,73 @@ class SimulatorState(PullingState):
             "error": job.error if status == "failed" else None,
             "urls": urls,
         }
+        return self.shape.apply(
+            "job",
+            data,
+            job.id,
+            optional=JOB_OPTIONAL,
+            nullable=JOB_NULLABLE,
+            optional_nullable=JOB_OPTIONAL_NULLABLE,
+        )
 
     def asset_json(self, asset_id: str, base_url: str | None = None) -> dict[str, Any]:
         """The Asset object as ``GET /v1/assets/{id}`` returns it now (fresh ``file_url``)."""
         asset = self.assets[asset_id]
-        metadata: dict[str, Any] = {"job_id": asset.job_id, "size_bytes": len(asset.data)}
+        status = self.asset_status(asset_id)
+        metadata: dict[str, Any] = {"size_bytes": len(asset.data)}
+        # metadata is free-form: an upstream may name the job there, or not.
+        if self.shape.name == "full" or self.shape.chance(asset.id, "metadata-job", 0.5):
+            metadata["job_id"] = asset.job_id
         if asset.content_type == "image/png":
             metadata.update(width=8, height=8)
         else:
             metadata.update(duration_seconds=4)
-        return {
+        # A completed asset always has its signed URL; before that it may be null.
+        file_url: str | None = self.signed_url(asset_id, base_url)
+        if status != "completed" and (
+            self.shape.choice("asset", asset.id, "file_url", nullable=True, optional=False)
+            != PRESENT
+        ):
+            file_url = None
+        data = {
             "id": asset.id,
             "type": asset.type,
-            "status": self.asset_status(asset_id),
+            "status": status,
             "metadata": metadata,
             "item_id": asset.item_id,
             "collection_id": asset.collection_id,
-            "file_url": self.signed_url(asset_id, base_url),
-            "cdn_url": None,
+            "file_url": file_url,
+            "cdn_url": f"https://cdn.example.invalid/{asset.collection_id}/{asset.file_name}",
             "is_archived": False,
             "archived_at": None,
             "created_at": iso(asset.created),
         }
+        return self.shape.apply(
+            "asset",
+            data,
+            asset.id,
+            optional=ASSET_OPTIONAL,
+            nullable=ASSET_NULLABLE,
+            optional_nullable=ASSET_OPTIONAL_NULLABLE,
+        )
 
     def payload_for(self, job_id: str) -> dict[str, Any]:
         """The webhook body the upstream sends for the job's outcome (same id every time)."""
         job = self.jobs[job_id]
         failed = job.outcome == "failed"
-        return {
-            "id": job.event_id,
-            "object": "event",
-            "event": "job.failed" if failed else "job.completed",
-            "job_id": job.id,
-            "type": job.type,
-            "mascot_id": job.mascot_id,
-            "asset_ids": {} if failed else dict(job.asset_ids),
-            "urls": {} if failed else {t: self.signed_url(a) for t, a in job.asset_ids.items()},
-            "timestamp": iso(job.finished if job.finished is not None else self.now()),
-        }
+        return self.shape.event_body(
+            {
+                "id": job.event_id,
+                "object": "event",
+                "event": "job.failed" if failed else "job.completed",
+                "job_id": job.id,
+                "type": job.type,
+                "mascot_id": job.mascot_id,
+                "asset_ids": {} if failed else dict(job.asset_ids),
+                "urls": {} if failed else {t: self.signed_url(a) for t, a in job.asset_ids.items()},
+                "timestamp": iso(job.finished if job.finished is not None else self.now()),
+            }
+        )
 
     # ----------------------------------------------------------------- faults and signing
 

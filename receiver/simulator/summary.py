@@ -50,7 +50,11 @@ def render_summary(summary: dict[str, Any]) -> str:
         lines.append(f"  API served        {route}: {answered}")
     seed = summary.get("seed")
     if seed is not None:
-        lines.append(f"  seed              {seed} (--seed {seed} repeats this run, event ids too)")
+        shape = summary.get("shape", "mixed")
+        lines.append(
+            f"  seed              {seed}, shape {shape} (--seed {seed} --shape {shape} repeats "
+            "this run, event ids too)"
+        )
     return "\n".join(lines)
 
 

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import orjson
 
+from receiver.store.asset_ledger import LedgerEntry
 from receiver.store.pull import PullStore
 
 if TYPE_CHECKING:
@@ -268,12 +269,15 @@ class Store(PullStore, Protocol):
         snapshot: Snapshot,
         *,
         finished: Mapping[str, Outcome] | None = None,
+        ledger: Sequence[LedgerEntry] = (),
         now: float,
     ) -> EventState:
         """Store the event's snapshot (its deliveries become claimable), settle the deliveries
         in ``finished`` (sink -> outcome: filtered out, or no longer configured) and drop the
         enrichment lease. Also replaces an older snapshot (a delivery refetched a stale one).
-        Returns the event's state; raises UnknownEvent for an unknown id."""
+        ``ledger`` goes into the asset ledger in the same transaction
+        (:mod:`receiver.store.asset_ledger`). Returns the event's state; raises UnknownEvent
+        for an unknown id."""
 
     async def fail_enrichment(
         self, event_id: str, *, error: str, retry_at: float | None, now: float

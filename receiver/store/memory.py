@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Mapping
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from receiver.config import StoreSettings
-from receiver.errors import StoreUnavailable, UnknownEvent
+from receiver.errors import PayloadError, StoreUnavailable, UnknownEvent
 from receiver.store import rules
+from receiver.store.asset_ledger import LedgerEntry
 from receiver.store.base import EVENT_STATES, EventRecord, EventState, NewEvent, Outcome, Snapshot
 from receiver.store.lanes_model import (
     LaneClaim,
@@ -22,6 +24,16 @@ from receiver.store.lanes_model import (
 from receiver.store.memory_browse import MemoryBrowse
 from receiver.store.memory_pull import MemoryPull
 from receiver.store.memory_records import MemoryDelivery, MemoryEvent, reset_deliveries
+
+# What the SQL stores cannot keep in an event's id, name or job id (see _Add in
+# receiver.store.sqlite_intake), refused by this store too: NUL and lone surrogates.
+_UNSTORABLE = re.compile(r"[\x00\ud800-\udfff]")
+
+
+def _refuse_unstorable(event: NewEvent) -> None:
+    for value in (event.id, event.event, event.job_id):
+        if ("\x00" in value) if value.isascii() else bool(_UNSTORABLE.search(value)):
+            raise PayloadError("an event id, name or job id cannot hold NUL or a lone surrogate")
 
 
 class MemoryStore(MemoryPull, MemoryBrowse):
@@ -58,6 +70,7 @@ class MemoryStore(MemoryPull, MemoryBrowse):
 
     async def add_event(self, event: NewEvent) -> bool:
         self._check()
+        _refuse_unstorable(event)
         if event.id in self._events or not self._admit(event):
             return False
         sinks = tuple(dict.fromkeys(event.sinks))
@@ -105,6 +118,7 @@ class MemoryStore(MemoryPull, MemoryBrowse):
         snapshot: Snapshot,
         *,
         finished: Mapping[str, Outcome] | None = None,
+        ledger: Sequence[LedgerEntry] = (),
         now: float,
     ) -> EventState:
         self._check()
@@ -114,6 +128,7 @@ class MemoryStore(MemoryPull, MemoryBrowse):
             ev.enrich_at = None
             ev.enrich_error = None
             ev.lease_owner = ev.lease_expires_at = None
+        self._record_ledger(event_id, ledger)
         for sink, outcome in (finished or {}).items():
             d = ev.deliveries.get(sink)
             if d is not None and d.state == "pending":

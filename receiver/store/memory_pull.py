@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from receiver.store.asset_ledger import LedgerEntry
 from receiver.store.base import NewEvent
 from receiver.store.pull import WatchRecord, WatchState, admit, next_poll, outcome_key
 
@@ -24,10 +26,20 @@ class MemoryPull:
     def __init__(self) -> None:
         self._watches: dict[str, _Watch] = {}
         self._outcomes: dict[str, str] = {}
+        self._ledger: dict[str, float | None] = {}
 
     if TYPE_CHECKING:
 
         def _check(self) -> None: ...  # MemoryStore's: raises once closed or made unavailable
+
+    def _record_ledger(self, event_id: str, entries: Sequence[LedgerEntry]) -> None:
+        for entry in entries:
+            times = [t for t in (self._ledger.get(entry.key), entry.upstream_time) if t is not None]
+            self._ledger[entry.key] = max(times) if times else None
+
+    async def ledger(self, keys: list[str]) -> dict[str, float | None]:
+        self._check()
+        return {key: self._ledger[key] for key in keys if key in self._ledger}
 
     def _admit(self, event: NewEvent) -> bool:
         """Apply the job-outcome rule to a new event id; whether it may be stored."""

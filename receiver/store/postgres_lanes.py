@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from receiver.errors import UnknownEvent
 from receiver.store import rules
+from receiver.store.asset_ledger import LedgerEntry
 from receiver.store.base import EventRecord, EventState, Outcome, Snapshot
 from receiver.store.lanes_model import (
     LaneClaim,
@@ -18,6 +19,7 @@ from receiver.store.lanes_model import (
     leased,
 )
 from receiver.store.postgres_mixin import PostgresMixin
+from receiver.store.postgres_pull import RECORD_ASSETS
 from receiver.store.postgres_pull import command_count as _count
 from receiver.store.postgres_sql import (
     CHANNEL,
@@ -73,6 +75,7 @@ class PostgresLanes(PostgresMixin):
         snapshot: Snapshot,
         *,
         finished: Mapping[str, Outcome] | None = None,
+        ledger: Sequence[LedgerEntry] = (),
         now: float,
     ) -> EventState:
         settles = [rules.settle_row(event_id, sink, o, now) for sink, o in (finished or {}).items()]
@@ -81,6 +84,9 @@ class PostgresLanes(PostgresMixin):
             await _lock_event(conn, event_id)
             args = (event_id, snapshot.to_json(), snapshot.fetched_at)
             await conn.execute(SAVE_SNAPSHOT, *args)
+            if ledger:
+                keys, times = [e.key for e in ledger], [e.upstream_time for e in ledger]
+                await conn.execute(RECORD_ASSETS, keys, event_id, times, now)
             for settle in settles:
                 await conn.execute(SETTLE_PENDING, *settle)
             # Deliveries became claimable: other replicas' lanes may look now.

@@ -104,6 +104,53 @@ LIST_WATCHES_BY_STATE = (
 )
 KNOWN_OUTCOMES = "SELECT key FROM job_outcomes WHERE key = ANY($1::text[])"
 
+# The asset ledger (receiver.store.asset_ledger), and what the events stored before it was made
+# had taken in charge: each completed job's marker, the assets of its snapshot, and the types of
+# the job's urls when the snapshot has no assets.
+CREATE_ASSET_LEDGER = """
+CREATE TABLE asset_ledger (
+    key           text COLLATE "C" PRIMARY KEY,
+    event_id      text NOT NULL,
+    upstream_time double precision,
+    created_at    double precision NOT NULL
+)
+"""
+BACKFILL_ASSET_LEDGER = (
+    """
+    INSERT INTO asset_ledger (key, event_id, created_at)
+    SELECT 'job ' || job_id, min(id), min(received_at) FROM events
+    WHERE event = 'job.completed' AND snapshot::json #>> '{job,status}' = 'completed'
+    GROUP BY job_id
+    ON CONFLICT (key) DO NOTHING
+    """,
+    """
+    INSERT INTO asset_ledger (key, event_id, created_at)
+    SELECT DISTINCT ON (a ->> 'id') 'asset ' || (a ->> 'id'), e.id, e.received_at
+    FROM events e, json_array_elements(e.snapshot::json -> 'assets') a
+    WHERE e.event = 'job.completed' AND json_typeof(a -> 'id') = 'string'
+    ON CONFLICT (key) DO NOTHING
+    """,
+    """
+    INSERT INTO asset_ledger (key, event_id, created_at)
+    SELECT DISTINCT ON (e.job_id, u) 'job ' || e.job_id || ' ' || u, e.id, e.received_at
+    FROM events e, json_object_keys(e.snapshot::json #> '{job,urls}') u
+    WHERE e.event = 'job.completed'
+      AND json_typeof(e.snapshot::json #> '{job,urls}') = 'object'
+      AND json_array_length(e.snapshot::json -> 'assets') = 0
+    ON CONFLICT (key) DO NOTHING
+    """,
+)
+ASSET_LEDGER_SCHEMA: tuple[str, ...] = (CREATE_ASSET_LEDGER, *BACKFILL_ASSET_LEDGER)
+# A snapshot's ledger entries (arrays of columns); an item's entry keeps the latest upstream
+# time it was taken at.
+RECORD_ASSETS = """
+INSERT INTO asset_ledger (key, event_id, upstream_time, created_at)
+SELECT k, $2, t, $4 FROM unnest($1::text[], $3::double precision[]) AS r (k, t)
+ON CONFLICT (key) DO UPDATE SET
+    upstream_time = greatest(asset_ledger.upstream_time, excluded.upstream_time)
+"""
+SELECT_LEDGER = "SELECT key, upstream_time FROM asset_ledger WHERE key = ANY($1::text[])"
+
 
 def command_count(status: str) -> int:
     """The row count of a command status such as ``UPDATE 3``."""
@@ -185,5 +232,14 @@ class PostgresPull(PostgresMixin):
 
         async def run(conn: Any) -> set[str]:
             return {row[0] for row in await conn.fetch(KNOWN_OUTCOMES, list(keys))}
+
+        return await self._run(run)
+
+    async def ledger(self, keys: list[str]) -> dict[str, float | None]:
+        if not keys:
+            return {}
+
+        async def run(conn: Any) -> dict[str, float | None]:
+            return {row[0]: row[1] for row in await conn.fetch(SELECT_LEDGER, list(keys))}
 
         return await self._run(run)

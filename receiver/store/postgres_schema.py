@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from receiver.store.postgres_pull import PULL_SCHEMA
+from receiver.store.postgres_pull import ASSET_LEDGER_SCHEMA, PULL_SCHEMA
 
 # Times are unix seconds (double precision), as in the Store interface. Ids and sink names use
 # the "C" collation: byte order, as SQLite and Python sort them.
@@ -121,6 +121,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         ),
     ),
     Migration(4, "watch list and job outcomes (pull mode)", PULL_SCHEMA),
+    Migration(5, "asset ledger (reconcile)", ASSET_LEDGER_SCHEMA),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

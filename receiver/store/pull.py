@@ -16,9 +16,12 @@ claims when the lease runs out.
 keyed ``"<event> <job_id>"``, written in the same transaction as the event that first brought
 it. It is the rule that makes a job's outcome reach each sink once, whichever way it arrives:
 
-- an event made by the receiver itself (``source`` ``poll`` or ``reconcile``) is stored only if
-  no event for that job outcome was stored before, by any source;
-- a webhook is stored unless an event made by the receiver already holds its job outcome.
+- an event made by a poll is stored only if no event for that job outcome was stored before,
+  by any source;
+- a webhook is stored unless an event made by the receiver already holds its job outcome;
+- an event made by reconcile is stored whatever the ledger holds: reconcile judges each asset
+  by the asset ledger (:mod:`receiver.store.asset_ledger`) before it makes one, and names only
+  the assets no event has taken; it records the outcome when it is the first to bring it.
   Webhooks among themselves are deduplicated by event id only, as the upstream specifies
   (so two webhooks with different event ids are both delivered).
 
@@ -41,6 +44,7 @@ OUTCOME_EVENTS = frozenset({"job.completed", "job.failed"})
 #: Where an event came from: the upstream's webhook, or the receiver's own poll or reconcile.
 SOURCES = ("webhook", "poll", "reconcile")
 WEBHOOK = "webhook"
+RECONCILE = "reconcile"
 
 
 # -- SQL both SQL backends run as it is --------------------------------------------------------
@@ -74,6 +78,8 @@ def outcome_key(event: str, job_id: str) -> str | None:
 def supersedes(prior_source: str, source: str) -> bool:
     """Whether an outcome already stored by ``prior_source`` makes an event from ``source`` a
     duplicate (see the module docstring)."""
+    if source == RECONCILE:
+        return False  # reconcile judged each of its assets by the asset ledger already
     return not (prior_source == WEBHOOK and source == WEBHOOK)
 
 
@@ -192,3 +198,7 @@ class PullStore(Protocol):
 
     async def known_outcomes(self, keys: list[str]) -> set[str]:
         """Which of these job-outcome keys the ledger holds."""
+
+    async def ledger(self, keys: list[str]) -> dict[str, float | None]:
+        """Which of these keys the asset ledger holds, each with its upstream time
+        (:mod:`receiver.store.asset_ledger`)."""

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import aiosqlite
 
 from receiver.errors import UnknownEvent
 from receiver.store import rules
+from receiver.store.asset_ledger import LedgerEntry
 from receiver.store.base import EventRecord, EventState, Outcome, Snapshot
 from receiver.store.lanes_model import (
     LaneClaim,
@@ -21,6 +22,7 @@ from receiver.store.lanes_model import (
     leased,
 )
 from receiver.store.sqlite_mixin import SqliteMixin
+from receiver.store.sqlite_pull import RECORD_ASSET
 from receiver.store.sqlite_sql import (
     CLAIM_DELIVERIES,
     CLAIM_ENRICHMENT,
@@ -71,6 +73,7 @@ class SqliteLanes(SqliteMixin):
         snapshot: Snapshot,
         *,
         finished: Mapping[str, Outcome] | None = None,
+        ledger: Sequence[LedgerEntry] = (),
         now: float,
     ) -> EventState:
         settles = [rules.settle_row(event_id, sink, o, now) for sink, o in (finished or {}).items()]
@@ -79,6 +82,10 @@ class SqliteLanes(SqliteMixin):
         async def run(conn: aiosqlite.Connection) -> EventState:
             await _require_event(conn, event_id)
             await conn.execute(SAVE_SNAPSHOT, args)
+            if ledger:
+                await conn.executemany(
+                    RECORD_ASSET, [(e.key, event_id, e.upstream_time, now) for e in ledger]
+                )
             for settle in settles:
                 await conn.execute(SETTLE_PENDING, settle)
             return (await _recompute(conn, [event_id]))[event_id]

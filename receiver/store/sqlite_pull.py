@@ -60,6 +60,52 @@ PULL_SCHEMA: tuple[str, ...] = (
     BACKFILL_JOB_OUTCOMES,
 )
 
+# The asset ledger (receiver.store.asset_ledger), and what the events stored before it was made
+# had taken in charge: each completed job's marker, the assets of its snapshot, and the types of
+# the job's urls when the snapshot has no assets.
+CREATE_ASSET_LEDGER = """
+CREATE TABLE asset_ledger (
+    key           TEXT PRIMARY KEY,
+    event_id      TEXT NOT NULL,
+    upstream_time REAL,
+    created_at    REAL NOT NULL
+) WITHOUT ROWID
+"""
+BACKFILL_ASSET_LEDGER = (
+    """
+    INSERT OR IGNORE INTO asset_ledger (key, event_id, created_at)
+    SELECT 'job ' || job_id, min(id), min(received_at) FROM events
+    WHERE event = 'job.completed' AND json_valid(snapshot)
+      AND json_extract(snapshot, '$.job.status') = 'completed'
+    GROUP BY job_id
+    """,
+    """
+    INSERT OR IGNORE INTO asset_ledger (key, event_id, created_at)
+    SELECT 'asset ' || json_extract(a.value, '$.id'), e.id, e.received_at
+    FROM events e, json_each(e.snapshot, '$.assets') a
+    WHERE e.event = 'job.completed' AND json_valid(e.snapshot)
+      AND json_type(a.value, '$.id') = 'text'
+    """,
+    """
+    INSERT OR IGNORE INTO asset_ledger (key, event_id, created_at)
+    SELECT 'job ' || e.job_id || ' ' || u.key, e.id, e.received_at
+    FROM events e, json_each(e.snapshot, '$.job.urls') u
+    WHERE e.event = 'job.completed' AND json_valid(e.snapshot)
+      AND json_array_length(e.snapshot, '$.assets') = 0
+    """,
+)
+ASSET_LEDGER_SCHEMA: tuple[str, ...] = (CREATE_ASSET_LEDGER, *BACKFILL_ASSET_LEDGER)
+# One ledger entry; an item's entry keeps the latest upstream time it was taken at.
+RECORD_ASSET = """
+INSERT INTO asset_ledger (key, event_id, upstream_time, created_at) VALUES (?, ?, ?, ?)
+ON CONFLICT (key) DO UPDATE SET upstream_time = max(
+    coalesce(asset_ledger.upstream_time, excluded.upstream_time),
+    coalesce(excluded.upstream_time, asset_ledger.upstream_time))
+"""
+SELECT_LEDGER = """
+SELECT key, upstream_time FROM asset_ledger WHERE key IN (SELECT value FROM json_each(?))
+"""
+
 # Which of a list of outcome keys the ledger holds, and from which source.
 SELECT_OUTCOMES = """
 SELECT key, source FROM job_outcomes WHERE key IN (SELECT value FROM json_each(?))
@@ -189,5 +235,15 @@ class SqlitePull(SqliteMixin):
         async def run(conn: aiosqlite.Connection) -> set[str]:
             rows = await conn.execute_fetchall(SELECT_OUTCOMES, (json.dumps(keys),))
             return {row[0] for row in rows}
+
+        return await self._read_tx(run)
+
+    async def ledger(self, keys: list[str]) -> dict[str, float | None]:
+        if not keys:
+            return {}
+
+        async def run(conn: aiosqlite.Connection) -> dict[str, float | None]:
+            rows = await conn.execute_fetchall(SELECT_LEDGER, (json.dumps(keys),))
+            return {row[0]: row[1] for row in rows}
 
         return await self._read_tx(run)

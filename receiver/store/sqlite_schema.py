@@ -4,7 +4,7 @@ statements of :mod:`receiver.store.sqlite`.
 
 from __future__ import annotations
 
-from receiver.store.sqlite_pull import PULL_SCHEMA
+from receiver.store.sqlite_pull import ASSET_LEDGER_SCHEMA, PULL_SCHEMA
 
 CREATE_EVENTS = """
 CREATE TABLE events (
@@ -99,12 +99,16 @@ SCHEMA_V3_BROWSE: tuple[str, ...] = (
 # Version 4: the watch list and the job-outcome ledger of pull mode (receiver.store.sqlite_pull).
 SCHEMA_V4_PULL: tuple[str, ...] = (*PULL_SCHEMA, "PRAGMA user_version = 4")
 
+# Version 5: the asset ledger reconcile judges each asset by (receiver.store.asset_ledger).
+SCHEMA_V5_ASSETS: tuple[str, ...] = (*ASSET_LEDGER_SCHEMA, "PRAGMA user_version = 5")
+
 # Migration N (1-based) brings the schema from version N-1 to N; each sets its own user_version.
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     SCHEMA_V1,
     SCHEMA_V2,
     SCHEMA_V3_BROWSE,
     SCHEMA_V4_PULL,
+    SCHEMA_V5_ASSETS,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

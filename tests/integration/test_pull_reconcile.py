@@ -5,7 +5,9 @@ summary while the receiver serves."""
 
 from __future__ import annotations
 
+import json
 import uuid
+from collections import Counter
 
 import pytest
 from structlog.testing import capture_logs
@@ -13,8 +15,10 @@ from structlog.testing import capture_logs
 from receiver.app import Runtime
 from receiver.config import parse_settings
 from receiver.pull.reconcile import Reconciler
+from receiver.simulator.shape import NULL
 from tests.support.cli import assert_one_clean_line, run_cli
 from tests.support.helpers import write_config
+from tests.support.peers import Capture
 from tests.support.pull import (
     SECRET,
     idle,
@@ -22,7 +26,6 @@ from tests.support.pull import (
     receiver_config,
     send_webhook,
     serve_simulator,
-    successes,
 )
 
 COLLECTION = "3f1c2a4e-5b6d-4e7f-8a9b-0c1d2e3f4a5b"
@@ -49,8 +52,18 @@ def reconciler_for(runtime, **options):
 
 
 @pytest.fixture
-async def serving(aiohttp_client, tmp_path, upstream):
-    runtime = Runtime(parse_settings(config_data(tmp_path, upstream), env={}))
+async def capture(aiohttp_server):
+    capture = Capture()
+    server = await aiohttp_server(capture.app())
+    capture.url = str(server.make_url("/hook"))
+    return capture
+
+
+@pytest.fixture
+async def serving(aiohttp_client, tmp_path, upstream, capture):
+    data = config_data(tmp_path, upstream)
+    data["sinks"].append({"name": "forward", "type": "http", "url": capture.url, "secret": "s"})
+    runtime = Runtime(parse_settings(data, env={}))
     with capture_logs():
         async with runtime:
             public = await aiohttp_client(runtime.public_app())
@@ -71,56 +84,114 @@ def files(root):
     return sorted(p.name for p in root.rglob("*") if p.is_file())
 
 
-async def test_a_reconcile_delivers_what_is_missing_once(serving, tmp_path):
+def _pair(sim, asset_type, ident):
+    """The (job id, asset type) a delivered file stands for: named by its asset id, or (a file
+    taken from the job's ``urls``) by its job id."""
+    asset = sim.assets.get(ident)
+    return (asset.job_id, asset.type) if asset is not None else (ident, asset_type)
+
+
+def files_delivered(sim, root):
+    """How often each (job id, asset type) arrived as a file of the download sink."""
+    found = Counter()
+    for name in files(root):
+        asset_type, _, ident = name.split(".", 1)[0].partition("-")
+        found[_pair(sim, asset_type, ident)] += 1
+    return found
+
+
+def posts_delivered(sim, capture):
+    """How often each (job id, asset type) arrived in an http-sink delivery."""
+    found = Counter()
+    for request in capture.requests:
+        enriched = json.loads(request.body)
+        if enriched["assets"]:
+            for asset in enriched["assets"]:
+                found[_pair(sim, asset["type"], asset["id"])] += 1
+        else:
+            for asset_type in enriched["job"].get("urls") or {}:
+                found[(enriched["job"]["id"], asset_type)] += 1
+    return found
+
+
+def completed_pairs(sim, payloads):
+    return {
+        (p["job_id"], asset.type)
+        for p in payloads
+        if sim.job_status(p["job_id"]) == "completed"
+        for asset in sim.assets.values()
+        if asset.job_id == p["job_id"]
+    }
+
+
+@pytest.mark.parametrize("rate_limited", [False, True], ids=["plain", "429-first"])
+async def test_assets_without_a_job_reference_are_delivered_once_each(
+    serving, tmp_path, capture, rate_limited
+):
+    """The spec's asset: ``metadata`` null on every one (nothing names the job), pages of
+    varying size, webhook bodies and jobs with or without their optional fields."""
     runtime, public, sim = serving
+    sim.shape.pin("asset", "metadata", NULL)
     webhooked, payloads = collection_of(sim)
     for payload in webhooked:
         await send_webhook(public, payload)
     await idle(runtime)
-    assert len(files(tmp_path / "dl")) == 60
+    by_webhook = files_delivered(sim, tmp_path / "dl")
+    assert by_webhook and set(by_webhook) <= completed_pairs(sim, webhooked)
+    if rate_limited:
+        sim.rate_limit_burst(2, retry_after=0, route="GET /v1/collections/{id}/assets")
 
-    reconciler = reconciler_for(runtime)
-    pages = []
-    first = await reconciler.run(COLLECTION, progress=lambda s: pages.append(s.pages))
+    first = await reconciler_for(runtime).run(COLLECTION)
     await idle(runtime)
-    second = await reconciler.run(COLLECTION)
+    second = await reconciler_for(runtime).run(COLLECTION)
 
-    assert sim.requests["GET /v1/collections/{id}/assets"] == 6  # 3 pages, twice
-    assert pages[:3] == [1, 2, 3]
-    assert (first.seen, first.already_delivered, first.newly_delivered, first.not_ready) == (
-        250,
-        60,
-        180,
-        10,
-    )
-    assert first.events == 90
-    assert (second.seen, second.already_delivered, second.newly_delivered, second.not_ready) == (
-        250,
-        240,
-        0,
-        10,
-    )
-    names = files(tmp_path / "dl")
-    expected = sorted(
-        f"{kind}-{asset_id}.png"
-        for payload in payloads[:-5]
-        for kind, asset_id in payload["asset_ids"].items()
-    )
-    assert names == expected
-    assert successes(runtime) == 30 + 90  # every job's files delivered once
-    assert metric(runtime, "receiver_pull_events_total", {"source": "reconcile"}) == 90
+    assert first.retries == (2 if rate_limited else 0)
+    assert sim.requests["GET /v1/collections/{id}/assets"] >= 2 * 3  # several pages, twice
+    assert (first.seen, first.not_ready, second.seen, second.not_ready) == (250, 10, 250, 10)
+    assert first.newly_delivered == 240 - sum(by_webhook.values())
+    assert first.already_delivered == sum(by_webhook.values())
+    assert (second.newly_delivered, second.events, second.already_delivered) == (0, 0, 240)
+    expected = completed_pairs(sim, payloads)
+    assert len(expected) == 240
+    for delivered in (files_delivered(sim, tmp_path / "dl"), posts_delivered(sim, capture)):
+        assert set(delivered) == expected
+        assert set(delivered.values()) == {1}  # each completed asset once, in every sink
 
     # The jobs still running finish: the next run delivers them, and only them.
     for payload in payloads[-5:]:
         sim.complete_job(payload["job_id"])
-    reconciler = reconciler_for(runtime)
-    third = await reconciler.run(COLLECTION, dry_run=True)
+    third = await reconciler_for(runtime).run(COLLECTION, dry_run=True)
     assert (third.newly_delivered, third.events) == (10, 0)
-    third = await reconciler.run(COLLECTION)
-    runtime.wake_worker()
+    third = await reconciler_for(runtime).run(COLLECTION)
     await idle(runtime)
-    assert (third.newly_delivered, third.not_ready, third.events) == (10, 0, 5)
-    assert len(files(tmp_path / "dl")) == 250
+    assert (third.newly_delivered, third.not_ready) == (10, 0)
+    expected = completed_pairs(sim, payloads)
+    for delivered in (files_delivered(sim, tmp_path / "dl"), posts_delivered(sim, capture)):
+        assert set(delivered) == expected and set(delivered.values()) == {1}
+    assert metric(runtime, "receiver_pull_events_total", {"source": "reconcile"}) == (
+        first.events + third.events
+    )
+
+
+@pytest.mark.parametrize("shape", ["full", "minimal", "mixed"])
+async def test_every_shape_ends_with_each_asset_once(
+    aiohttp_server, aiohttp_client, tmp_path, shape
+):
+    sim = await serve_simulator(aiohttp_server, seed=31, shape=shape)
+    runtime = Runtime(parse_settings(config_data(tmp_path, sim), env={}))
+    with capture_logs():
+        async with runtime:
+            public = await aiohttp_client(runtime.public_app())
+            webhooked, payloads = collection_of(sim, webhooked=20, processing=0, total_jobs=40)
+            for payload in webhooked:
+                await send_webhook(public, payload)
+            await idle(runtime)
+            summary = await reconciler_for(runtime).run(COLLECTION)
+            await idle(runtime)
+    delivered = files_delivered(sim, tmp_path / "dl")
+    assert set(delivered) == completed_pairs(sim, payloads)
+    assert set(delivered.values()) == {1}
+    assert summary.seen == 80 and not summary.failed
 
 
 async def test_files_a_download_sink_already_holds_count_as_delivered(serving, tmp_path):
@@ -128,14 +199,19 @@ async def test_files_a_download_sink_already_holds_count_as_delivered(serving, t
     _webhooked, payloads = collection_of(sim, webhooked=0, processing=0, total_jobs=3)
     held = payloads[0]
     job = sim.jobs[held["job_id"]]
-    for kind, asset_id in held["asset_ids"].items():
-        path = tmp_path / "dl" / COLLECTION / str(job.item_name) / f"{kind}-{asset_id}.png"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(b"written by an earlier run")
+    for asset in sim.assets.values():
+        if asset.job_id == held["job_id"]:
+            path = (
+                tmp_path / "dl" / COLLECTION / str(job.item_name) / f"{asset.type}-{asset.id}.png"
+            )
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(b"written by an earlier run")
     reconciler = reconciler_for(runtime)
     summary = await reconciler.run(COLLECTION)
     assert (summary.already_delivered, summary.newly_delivered) == (2, 4)
-    assert {e.job_id for e in await runtime.store.list()} == {p["job_id"] for p in payloads[1:]}
+    stored = [e.payload()["asset_ids"] for e in await runtime.store.list()]
+    named = {asset_id for asset_ids in stored for asset_id in asset_ids.values()}
+    assert named == {a.id for a in sim.assets.values() if a.job_id != held["job_id"]}
 
 
 async def test_429_with_retry_after_on_a_page_is_waited_out(serving):

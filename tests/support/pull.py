@@ -9,15 +9,18 @@ from typing import Any
 
 from receiver.signature import webhook_headers
 from receiver.simulator import Simulator
+from receiver.simulator.shape import DEFAULT_SHAPE, ShapeName
 from tests.support.helpers import free_port, wait_for
 
 SECRET = "whsec_pull"
 API_KEY = "service_" + "cd" * 32
 
 
-async def serve_simulator(aiohttp_server: Any, *, seed: int) -> Simulator:
+async def serve_simulator(
+    aiohttp_server: Any, *, seed: int, shape: ShapeName = DEFAULT_SHAPE
+) -> Simulator:
     """A simulator served over real HTTP; its ``base_url`` set."""
-    sim = Simulator(api_key=API_KEY, seed=seed)
+    sim = Simulator(api_key=API_KEY, seed=seed, shape=shape)
     server = await aiohttp_server(sim.create_app())
     sim.base_url = str(server.make_url("/v1"))
     return sim
