@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from receiver.config_schema import did_you_mean, typed_values
+from receiver.sinks.checks import check_envelope
 from receiver.sinks.registry import COMMON_KEYS, SINK_TYPES, Option
 
 
@@ -59,6 +60,14 @@ def build_sinks(raw: Any, problems: list[str]) -> list[SinkSettings]:
     return sinks
 
 
+def _not_a_key(sink_type: str, key: str, options_spec: Mapping[str, Option]) -> str:
+    """Why ``key`` is refused: a key of other sink types says which; else the closest key."""
+    owners = [name for name, spec in SINK_TYPES.items() if key in spec.options]
+    if owners:
+        return f"not a key of {sink_type} sinks (only {', '.join(owners)} sinks take it)"
+    return f"not a key of {sink_type} sinks{did_you_mean(key, options_spec)}"
+
+
 def _build_sink(where: str, table: Mapping[str, Any], problems: list[str]) -> SinkSettings | None:
     sink_type = table.get("type")
     spec = SINK_TYPES.get(sink_type) if isinstance(sink_type, str) else None
@@ -78,7 +87,7 @@ def _build_sink(where: str, table: Mapping[str, Any], problems: list[str]) -> Si
         where,
         table,
         {key: (option.kind, option.item_kind) for key, option in options_spec.items()},
-        lambda key: f"not a key of {sink_type} sinks{did_you_mean(key, options_spec)}",
+        lambda key: _not_a_key(str(sink_type), key, options_spec),
         problems,
     )
     for key, value in list(values.items()):
@@ -105,7 +114,9 @@ def _build_sink(where: str, table: Mapping[str, Any], problems: list[str]) -> Si
         return None
     if spec.check is not None:
         problems.extend(f"{where}.{problem}" for problem in spec.check(values))
-        if len(problems) > before:
-            return None
+    if "envelope" in spec.options:
+        problems.extend(f"{where}.{problem}" for problem in check_envelope(values))
+    if len(problems) > before:
+        return None
     common = {k: values.pop(k) for k in list(values) if k in COMMON_KEYS}
     return SinkSettings(**common, options=values)

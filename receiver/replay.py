@@ -1,10 +1,11 @@
 """``receiver replay``: sign payloads with a fresh timestamp and POST them to a receiver.
 
 Payloads come from files (``PATH...``) or from the inbox (``--from-store EVENT_ID...``: the exact
-bytes once received, for a receiver elsewhere such as staging). Each is signed anew with
-:func:`receiver.signature.webhook_headers`, so the receiver's ±300 s tolerance is met however
-old the event is. Results go to a :class:`Progress`: one line per payload when the output is not
-a terminal (scripts, CI), a bar redrawn in place when it is (with a line for each refusal).
+bytes once received, for a receiver elsewhere such as staging). Each is signed anew by a
+:class:`receiver.signature.Signer` (the upstream's ``Service-Signature``, or Standard Webhooks to
+try a consumer of the http sink), so a ±300 s tolerance is met however old the event is.
+Results go to a :class:`Progress`: one line per payload when the output is not a terminal
+(scripts, CI), a bar redrawn in place when it is (with a line for each refusal).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import aiohttp
 
 from receiver.config import Settings
 from receiver.errors import UnknownEvent
-from receiver.signature import webhook_headers
+from receiver.signature import Signer
 
 _BAR_WIDTH = 30
 
@@ -81,7 +82,7 @@ class Progress:
 
 async def replay(
     url: str,
-    secret: str,
+    signer: Signer,
     payloads: Sequence[tuple[str, bytes]],
     *,
     concurrency: int = 4,
@@ -98,9 +99,7 @@ async def replay(
     async def send(session: aiohttp.ClientSession, label: str, body: bytes) -> None:
         event_id, name = event_fields(body)
         async with slots:
-            headers = webhook_headers(
-                secret, body, int(time.time()), event_id=event_id, event_name=name
-            )
+            headers = signer.headers(body, int(time.time()), event_id=event_id, event_name=name)
             try:
                 async with session.post(url, data=body, headers=headers) as response:
                     text = await response.text()

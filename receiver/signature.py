@@ -5,14 +5,21 @@ The upstream signs ``"<t>." + raw body`` with HMAC-SHA256 and sends
 sender rotating its secret); unknown schemes are ignored. The legacy ``X-Service-Signature:
 sha256=<hex>`` covers the body only, so it cannot resist replay: it is accepted only when the
 operator opts in.
+
+What the receiver itself sends (its http sink, ``receiver sign``/``replay``) may instead be signed
+the Standard Webhooks way (:class:`Signer`), which consumers verify with any Standard Webhooks
+library.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from secrets import token_bytes
 
 from receiver.errors import SignatureError
 
@@ -145,3 +152,82 @@ def _verify_legacy(secrets: Sequence[str], body: bytes, header: str) -> Verified
     if matched is None:
         raise SignatureError("invalid_signature", "legacy signature matches no configured secret")
     return Verified(secret_index=matched, timestamp=None, skew_seconds=None, scheme="legacy")
+
+
+# --- Standard Webhooks (https://www.standardwebhooks.com), for what the receiver sends ---------
+#
+# The sender signs ``"<webhook-id>.<webhook-timestamp>." + body`` with HMAC-SHA256 keyed with
+# the base64-decoded part of a ``whsec_<base64>`` secret, and sends ``webhook-id``,
+# ``webhook-timestamp`` and ``webhook-signature: v1,<base64 signature>``.
+
+SERVICE_SCHEME = "service"
+STANDARD_WEBHOOKS_SCHEME = "standard-webhooks"
+#: The signing schemes the http sink, ``receiver sign`` and ``receiver replay`` offer.
+SCHEMES = (SERVICE_SCHEME, STANDARD_WEBHOOKS_SCHEME)
+WHSEC_PREFIX = "whsec_"
+_BASE64 = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
+
+
+def standard_webhooks_key(secret: str) -> bytes:
+    """The HMAC key of a ``whsec_<base64>`` secret; ValueError saying what is wrong otherwise.
+
+    Strict where the libraries are lenient (they skip characters outside the base64 alphabet,
+    so a URL-safe secret would sign with another key than the consumer's): standard base64 only,
+    padding optional.
+    """
+    hint = f"must be {WHSEC_PREFIX}<base64> for Standard Webhooks"
+    if not secret.startswith(WHSEC_PREFIX):
+        raise ValueError(f"{hint} (it does not start with {WHSEC_PREFIX})")
+    encoded = secret[len(WHSEC_PREFIX) :].rstrip("=")
+    if not encoded:
+        raise ValueError(f"{hint} (nothing follows {WHSEC_PREFIX})")
+    if not _BASE64.issuperset(encoded) or len(encoded) % 4 == 1:
+        raise ValueError(f"{hint} (what follows {WHSEC_PREFIX} is not standard base64)")
+    return base64.b64decode(encoded + "=" * (-len(encoded) % 4))
+
+
+def new_standard_webhooks_secret() -> str:
+    """A fresh ``whsec_`` secret: base64 of 32 random bytes."""
+    return WHSEC_PREFIX + base64.b64encode(token_bytes(32)).decode()
+
+
+def standard_webhooks_headers(
+    key: bytes, body: bytes, timestamp: int, *, msg_id: str
+) -> dict[str, str]:
+    """The Standard Webhooks headers for these exact body bytes (``key``: see
+    :func:`standard_webhooks_key`)."""
+    signed = f"{msg_id}.{timestamp}.".encode() + body
+    signature = base64.b64encode(hmac.digest(key, signed, "sha256")).decode()
+    return {
+        "Content-Type": "application/json",
+        "webhook-id": msg_id,
+        "webhook-timestamp": str(timestamp),
+        "webhook-signature": f"v1,{signature}",
+    }
+
+
+class Signer:
+    """Signs outgoing bodies in one scheme with one secret, checked once here.
+
+    ``service``: :func:`webhook_headers`. ``standard-webhooks``: :func:`standard_webhooks_headers`
+    with the event id as ``webhook-id`` (a fresh ``msg_`` id when there is none). Raises
+    ValueError for an unknown scheme or a secret the scheme cannot use.
+    """
+
+    def __init__(self, scheme: str, secret: str) -> None:
+        if scheme not in SCHEMES:
+            raise ValueError(f"unknown signing scheme {scheme!r} (one of {', '.join(SCHEMES)})")
+        self.scheme = scheme
+        self._secret = secret
+        self._key = standard_webhooks_key(secret) if scheme == STANDARD_WEBHOOKS_SCHEME else b""
+
+    def headers(
+        self, body: bytes, timestamp: int, *, event_id: str | None, event_name: str | None
+    ) -> dict[str, str]:
+        """The signature headers (and ``Content-Type: application/json``) for ``body``."""
+        if self.scheme == SERVICE_SCHEME:
+            return webhook_headers(
+                self._secret, body, timestamp, event_id=event_id, event_name=event_name
+            )
+        msg_id = event_id or f"msg_{uuid.uuid4().hex}"
+        return standard_webhooks_headers(self._key, body, timestamp, msg_id=msg_id)

@@ -1,4 +1,8 @@
-"""``receiver init``: write a commented config with a fresh webhook secret."""
+"""``receiver init``: write a commented config with a fresh webhook secret.
+
+The file ends with a commented-out http sink that signs the Standard Webhooks way, with a fresh
+secret already in the ``whsec_<base64>`` form that scheme needs, to hand to the consumer.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,25 @@ from typing import Any
 from receiver.cli.common import CommandError
 from receiver.config import config_path
 from receiver.config_render import render_config
+from receiver.signature import new_standard_webhooks_secret
+
+_STANDARD_WEBHOOKS_SINK = """
+# An http sink for a consumer using the ecosystem's formats (docs/consumers.md): a CloudEvents
+# event signed the Standard Webhooks way. The secret below was made for it (whsec_ + base64 of
+# 32 random bytes, the form that signing needs); give it to the consumer. Set url and uncomment.
+# [[sinks]]
+# name = "consumer"
+# type = "http"
+# url = "https://consumer.example/hooks/receiver"
+# signing = "standard-webhooks"
+# secret = "{secret}"
+# envelope = "cloudevents"
+"""
+
+
+def config_text() -> str:
+    """What ``init`` writes: the rendered config and the commented Standard Webhooks sink."""
+    return render_config() + _STANDARD_WEBHOOKS_SINK.format(secret=new_standard_webhooks_secret())
 
 
 def add_parser(commands: Any) -> None:
@@ -27,7 +50,7 @@ def add_parser(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     path = config_path(args.config)
-    text = render_config()
+    text = config_text()
     flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if args.force else os.O_EXCL)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -9,13 +9,14 @@ from typing import Any
 
 from receiver.cli.common import (
     EXIT_FAILED,
+    EXIT_USAGE,
     CommandError,
     read_payload,
     run_async,
     settings_from,
     with_config,
 )
-from receiver.cli.signing import target_secret, target_url
+from receiver.cli.signing import add_scheme_argument, target_signer, target_url
 
 
 def add_parser(commands: Any) -> None:
@@ -36,6 +37,7 @@ def add_parser(commands: Any) -> None:
         "--url", help="the receiver's webhook URL (default: the config's public listener)"
     )
     replay.add_argument("--secret", help="the secret to sign with (default: from the config)")
+    add_scheme_argument(replay)
     replay.add_argument("--concurrency", type=int, default=4, help="requests in flight (default 4)")
     replay.add_argument("--timeout", type=float, default=10.0, help="seconds per request")
     replay.add_argument(
@@ -75,7 +77,9 @@ def run(args: argparse.Namespace) -> int:
     if args.from_store and not (args.url and args.secret):
         # The config is the source inbox here, so it cannot also say where to send.
         raise CommandError("--from-store needs --url and --secret of the receiving side")
-    url, secret = target_url(args.url, args), target_secret(args)
+    url, signer = target_url(args.url, args), target_signer(args, "replay")
+    if signer is None:
+        return EXIT_USAGE
     if args.from_store:
         payloads = run_async(stored_payloads(settings_from(args), args.from_store))
     elif args.paths:
@@ -85,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     refused: int = run_async(
         replay(
             url,
-            secret,
+            signer,
             payloads,
             concurrency=args.concurrency,
             timeout=args.timeout,

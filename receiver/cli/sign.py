@@ -6,10 +6,9 @@ import argparse
 import time
 from typing import Any
 
-from receiver.cli.common import CommandError, read_payload, with_config
-from receiver.cli.signing import curl_command, target_secret, target_url
+from receiver.cli.common import EXIT_USAGE, CommandError, read_payload, with_config
+from receiver.cli.signing import add_scheme_argument, curl_command, target_signer, target_url
 from receiver.replay import event_fields
-from receiver.signature import webhook_headers
 
 
 def add_parser(commands: Any) -> None:
@@ -17,13 +16,15 @@ def add_parser(commands: Any) -> None:
         commands.add_parser(
             "sign",
             help="print signed webhook headers for a payload file, or a ready curl command",
-            description="Sign the exact bytes of FILE as the upstream signs a webhook and print "
-            "the headers, one `Name: value` line each. Without --secret, the secret comes from "
-            "the config (--config, $RECEIVER_CONFIG, then ./config.toml).",
+            description="Sign the exact bytes of FILE as the upstream signs a webhook (or, with "
+            "--scheme standard-webhooks, as Standard Webhooks do, the webhook-id being the "
+            "payload's id) and print the headers, one `Name: value` line each. Without --secret, "
+            "the secret comes from the config (--config, $RECEIVER_CONFIG, then ./config.toml).",
         )
     )
     sign.add_argument("--secret", help="the secret to sign with (default: from the config)")
     sign.add_argument("--timestamp", type=int, help="unix seconds (default: now)")
+    add_scheme_argument(sign)
     sign.add_argument(
         "--curl",
         nargs="?",
@@ -43,9 +44,10 @@ def run(args: argparse.Namespace) -> int:
     timestamp = args.timestamp if args.timestamp is not None else int(time.time())
     event_id, name = event_fields(body)
     url = target_url(args.curl, args) if args.curl is not None else None
-    headers = webhook_headers(
-        target_secret(args), body, timestamp, event_id=event_id, event_name=name
-    )
+    signer = target_signer(args, "sign")
+    if signer is None:
+        return EXIT_USAGE
+    headers = signer.headers(body, timestamp, event_id=event_id, event_name=name)
     if url is not None:
         print(curl_command(url, headers, args.file))
         return 0

@@ -1,16 +1,18 @@
-"""What ``receiver sign`` and ``receiver replay`` take from the config when the command line
-leaves it out: the receiver's webhook URL and a secret it accepts; and the ready-to-run curl
-command ``sign --curl`` prints."""
+"""What ``receiver sign`` and ``receiver replay`` share: what they take from the config when the
+command line leaves it out (the receiver's webhook URL and a secret it accepts), the signing
+scheme (``--scheme``), and the ready-to-run curl command ``sign --curl`` prints."""
 
 from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 from collections.abc import Mapping
 
 from receiver.cli.common import CommandError, settings_from
 from receiver.config import Settings, config_path
 from receiver.secrets import SecretBox
+from receiver.signature import SCHEMES, SERVICE_SCHEME, Signer
 
 
 def webhook_url(settings: Settings) -> str:
@@ -58,3 +60,27 @@ def target_url(given: str | None, args: argparse.Namespace) -> str:
     if not url.startswith(("http://", "https://")):
         raise CommandError(f"the URL must be http(s), not {url!r}")
     return url
+
+
+def add_scheme_argument(parser: argparse.ArgumentParser) -> None:
+    """``--scheme service|standard-webhooks``."""
+    parser.add_argument(
+        "--scheme",
+        choices=SCHEMES,
+        default=SERVICE_SCHEME,
+        help="service (Service-Signature, as the upstream signs; default) or standard-webhooks "
+        "(webhook-id, webhook-timestamp, webhook-signature; the secret in whsec_<base64> form), "
+        "e.g. to try a consumer of the http sink",
+    )
+
+
+def target_signer(args: argparse.Namespace, command: str) -> Signer | None:
+    """The signer of ``--scheme`` with :func:`target_secret`; None, after one stderr line, when
+    the secret does not suit the scheme (a usage error)."""
+    secret = target_secret(args)
+    try:
+        return Signer(args.scheme, secret)
+    except ValueError as exc:
+        given = "--secret" if args.secret else "the config's secret"
+        print(f"receiver: {command}: {given} {exc}", file=sys.stderr)
+        return None

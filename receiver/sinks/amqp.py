@@ -13,6 +13,11 @@ of vanishing.
 default exchange, else to ``{event}``. ``queue``, when set, is declared durable at connect time
 and, on a named exchange, bound with ``binding_key``. The connection is made on first use and
 made again after any failure, so a broker restart heals by itself.
+
+With ``envelope = "cloudevents"`` the message follows the CloudEvents AMQP binding
+(:mod:`receiver.sinks.envelopes`): structured, the body is the CloudEvent JSON with
+``content_type`` ``application/cloudevents+json``; binary, the body stays the enriched event and
+the attributes ride as ``cloudEvents_*`` headers. The properties and headers above stay.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from receiver.errors import TransientError
 from receiver.events import Enriched
 from receiver.logs import get_logger, redact_url
 from receiver.sinks.base import SinkContext
+from receiver.sinks.envelopes import Envelope
 from receiver.sinks.template import render, routing_fields
 
 log = get_logger(__name__)
@@ -38,7 +44,8 @@ log = get_logger(__name__)
 
 class AmqpSink:
     """Publishes each event with publisher confirms. Options: ``url``, ``exchange``,
-    ``exchange_type``, ``routing_key``, ``queue``, ``binding_key``, ``mandatory``."""
+    ``exchange_type``, ``routing_key``, ``queue``, ``binding_key``, ``mandatory``, ``envelope``,
+    ``cloudevents_source``, ``cloudevents_mode``."""
 
     def __init__(self, settings: SinkSettings) -> None:
         options = settings.options
@@ -53,6 +60,7 @@ class AmqpSink:
         if routing_key is None:
             routing_key = self.queue if not self.exchange_name and self.queue else "{event}"
         self.routing_key = str(routing_key)
+        self._envelope = Envelope(options)
         self._url = str(options["url"])
         self._shown_url = redact_url(self._url)
         self._connection: AbstractConnection | None = None
@@ -126,14 +134,16 @@ class AmqpSink:
 
     def message(self, enriched: Enriched) -> aio_pika.Message:
         """The persistent message for an event."""
+        body, content_type, properties = self._envelope.amqp(enriched)
         headers: dict[str, Any] = {
             "event": enriched.event_name,
             "job_id": enriched.job_id,
             "job_type": enriched.job_type or "",
+            **properties,
         }
         return aio_pika.Message(
-            enriched.to_bytes(),
-            content_type="application/json",
+            body,
+            content_type=content_type,
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             message_id=enriched.event_id,
             type=enriched.event_name,

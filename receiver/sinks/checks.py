@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+from receiver.signature import STANDARD_WEBHOOKS_SCHEME, standard_webhooks_key
+from receiver.sinks.envelopes import CLOUDEVENTS
 from receiver.sinks.template import MESSAGE_FIELDS, ROUTING_FIELDS, field_names, template_problems
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -28,6 +30,9 @@ SIGNED_HEADERS = frozenset(
         "x-service-signature",
         "x-service-timestamp",
         "x-service-event",
+        "webhook-id",
+        "webhook-timestamp",
+        "webhook-signature",
     }
 )
 
@@ -141,6 +146,11 @@ def check_http(values: Mapping[str, Any]) -> list[str]:
     )
     if not values["secret"]:
         problems.append("secret: must not be empty")
+    elif values.get("signing") == STANDARD_WEBHOOKS_SCHEME:
+        try:
+            standard_webhooks_key(values["secret"])
+        except ValueError as exc:
+            problems.append(f'secret: {exc} (signing = "{STANDARD_WEBHOOKS_SCHEME}")')
     headers = values.get("headers") or {}
     problems += _strings_table("headers", headers, _HEADER_NAME, "header name")
     problems += [
@@ -159,4 +169,24 @@ def check_exec(values: Mapping[str, Any]) -> list[str]:
     problems += _strings_table("env", values.get("env"), _ENV_NAME, "variable name")
     if values.get("cwd") == "":
         problems.append("cwd: must not be empty")
+    return problems
+
+
+def check_envelope(values: Mapping[str, Any]) -> list[str]:
+    """The envelope keys of a sink that carries the enriched event (``envelope`` is valid)."""
+    problems = []
+    if values.get("envelope") != CLOUDEVENTS:
+        problems += [
+            f'{key}: applies only with envelope = "{CLOUDEVENTS}"'
+            for key in ("cloudevents_source", "cloudevents_mode")
+            if values.get(key) is not None
+        ]
+    source = values.get("cloudevents_source")
+    if source is not None and (
+        not source or any(c.isspace() or not c.isprintable() for c in source)
+    ):
+        problems.append(
+            "cloudevents_source: must be a URI-reference without spaces "
+            '(e.g. "receiver" or "https://receiver.example/events")'
+        )
     return problems

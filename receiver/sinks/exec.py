@@ -10,6 +10,9 @@ Exit status 0 is success. A non-zero status, a death by signal, or running past 
 ``timeout_seconds`` is a failed attempt whose error ends with the tail of the command's stderr;
 on a timeout (or when the receiver gives up on the attempt) the whole process group is killed,
 so no child is left behind. A command that does not exist or is not executable is dead at once.
+
+With ``envelope = "cloudevents"``, stdin is the CloudEvent in the JSON event format instead
+(:mod:`receiver.sinks.envelopes`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from receiver.config import SinkSettings
 from receiver.errors import PermanentError, TransientError
 from receiver.events import Enriched
 from receiver.sinks.base import SinkContext
+from receiver.sinks.envelopes import Envelope
 
 STDERR_TAIL_BYTES = 2000
 READ_CHUNK = 4096
@@ -80,7 +84,8 @@ def _tail_text(tail: bytearray) -> str:
 
 
 class ExecSink:
-    """Runs ``command`` per event. Options: ``command``, ``env``, ``cwd``."""
+    """Runs ``command`` per event. Options: ``command``, ``env``, ``cwd``, ``envelope``,
+    ``cloudevents_source``."""
 
     def __init__(self, settings: SinkSettings) -> None:
         options = settings.options
@@ -89,6 +94,7 @@ class ExecSink:
         self.command = [str(arg) for arg in options["command"]]
         self._env = {str(k): str(v) for k, v in (options.get("env") or {}).items()}
         self._cwd = options.get("cwd")
+        self._envelope = Envelope(options)
 
     async def open(self) -> None:
         """Nothing to open."""
@@ -119,7 +125,7 @@ class ExecSink:
         assert proc.stdin is not None and proc.stderr is not None
         tail = bytearray()
         reader = asyncio.create_task(_keep_tail(proc.stderr, tail))
-        feeder = asyncio.create_task(_feed(proc.stdin, enriched.to_bytes()))
+        feeder = asyncio.create_task(_feed(proc.stdin, self._envelope.structured(enriched)))
         limit = command_limit(self.settings.timeout_seconds)
         timed_out = False
         try:

@@ -1,11 +1,14 @@
 """The ``http`` sink: the enriched event POSTed to an internal service, signed.
 
-The request carries the same headers the upstream sends with its webhooks
-(:func:`receiver.signature.webhook_headers`), keyed with the sink's own ``secret``:
-``Service-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">``,
+With ``signing = "service"`` (the default) the request carries the same headers the upstream
+sends with its webhooks (:func:`receiver.signature.webhook_headers`), keyed with the sink's own
+``secret``: ``Service-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">``,
 ``Service-Event-Id`` (the event id, for deduplication), ``X-Service-Event`` and
 ``X-Service-Timestamp``. A consumer verifies it with the same code the receiver uses
-(:func:`receiver.signature.verify`).
+(:func:`receiver.signature.verify`). With ``signing = "standard-webhooks"`` it carries
+``webhook-id`` (the event id), ``webhook-timestamp`` and ``webhook-signature``, keyed with a
+``whsec_<base64>`` secret, for any Standard Webhooks library. The body and its content headers
+follow the sink's ``envelope`` (:mod:`receiver.sinks.envelopes`).
 
 Any 2xx is success; 410 Gone marks the delivery dead at once (the consumer says it will never
 take it); every other answer, a network error or the sink's ``timeout_seconds`` running out is a
@@ -22,15 +25,17 @@ import aiohttp
 from receiver.config import SinkSettings
 from receiver.events import Enriched
 from receiver.logs import redact_url
-from receiver.signature import webhook_headers
+from receiver.signature import SERVICE_SCHEME, Signer
 from receiver.sinks.base import SinkContext
+from receiver.sinks.envelopes import Envelope
 from receiver.sinks.posting import post
 
 GONE = 410
 
 
 class HttpSink:
-    """POSTs each enriched event, signed, to ``url``. Options: ``url``, ``secret``, ``headers``."""
+    """POSTs each enriched event, signed, to ``url``. Options: ``url``, ``secret``, ``headers``,
+    ``signing``, ``envelope``, ``cloudevents_source``, ``cloudevents_mode``."""
 
     def __init__(
         self,
@@ -43,7 +48,8 @@ class HttpSink:
         self.name = settings.name
         self.settings = settings
         self.url = str(options["url"])
-        self._secret = str(options["secret"])
+        self._signer = Signer(str(options.get("signing") or SERVICE_SCHEME), str(options["secret"]))
+        self._envelope = Envelope(options)
         self._extra_headers = {str(k): str(v) for k, v in (options.get("headers") or {}).items()}
         self._shown_url = redact_url(self.url)
         self._session = session
@@ -57,16 +63,16 @@ class HttpSink:
 
     async def send(self, enriched: Enriched) -> None:
         """POST the event; raise a DeliveryError unless the answer is a 2xx."""
-        body = enriched.to_bytes()
+        body, content_headers = self._envelope.http(enriched)
         headers = {
             **self._extra_headers,
-            **webhook_headers(
-                self._secret,
+            **self._signer.headers(
                 body,
                 int(self._clock()),
                 event_id=enriched.event_id,
                 event_name=enriched.event_name,
             ),
+            **content_headers,
         }
         await post(
             self._session,

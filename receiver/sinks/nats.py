@@ -14,6 +14,11 @@ error). ``create_stream = true`` creates that stream on first connect if it is m
 
 The connection is made on first use and made again, on the next attempt, after it was lost,
 so a NATS restart heals by itself while the worker's backoff paces the attempts.
+
+With ``envelope = "cloudevents"`` the message follows the CloudEvents NATS binding
+(:mod:`receiver.sinks.envelopes`): structured, the payload is the CloudEvent JSON with a
+``Content-Type: application/cloudevents+json`` header; binary, the payload stays the enriched
+event and every attribute rides as a ``ce-*`` header.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from receiver.events import Enriched
 from receiver.logs import get_logger, redact_url
 from receiver.sinks.base import SinkContext
 from receiver.sinks.checks import default_stream_subjects
+from receiver.sinks.envelopes import Envelope
 from receiver.sinks.template import render, routing_fields
 
 log = get_logger(__name__)
@@ -44,7 +50,8 @@ MSG_ID_HEADER = "Nats-Msg-Id"
 
 class NatsSink:
     """Publishes each event to JetStream. Options: ``url``, ``subject``, ``stream``,
-    ``create_stream``, ``stream_subjects``, ``duplicate_window_seconds``."""
+    ``create_stream``, ``stream_subjects``, ``duplicate_window_seconds``, ``envelope``,
+    ``cloudevents_source``, ``cloudevents_mode``."""
 
     def __init__(self, settings: SinkSettings) -> None:
         options = settings.options
@@ -57,6 +64,7 @@ class NatsSink:
             options.get("stream_subjects") or default_stream_subjects(self.subject)
         )
         self.duplicate_window = float(options.get("duplicate_window_seconds", 3600.0))
+        self._envelope = Envelope(options)
         self._url = str(options["url"])
         self._shown_url = redact_url(self._url)
         self._client: Client | None = None
@@ -186,15 +194,16 @@ class NatsSink:
         """Publish and wait for JetStream's acknowledgement."""
         subject = render(self.subject, routing_fields(enriched))
         timeout = self.settings.timeout_seconds
+        payload, headers = self._envelope.nats(enriched)
         try:
             js = await self._ready()
             ack: Any = await self._unless_lost(
                 js.publish(
                     subject,
-                    enriched.to_bytes(),
+                    payload,
                     timeout=timeout,
                     stream=self.stream,
-                    headers={MSG_ID_HEADER: enriched.event_id},
+                    headers={MSG_ID_HEADER: enriched.event_id, **headers},
                 )
             )
         except nats.js.errors.NoStreamResponseError:

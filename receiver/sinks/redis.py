@@ -1,8 +1,9 @@
 """The ``redis`` sink: each event appended to a Redis stream with ``XADD``.
 
 An entry has three fields: ``event_id``, ``event`` (the event name) and ``data`` (the enriched
-event as JSON). ``maxlen`` trims the stream approximately (``MAXLEN ~``), which Redis does
-cheaply, a whole node at a time.
+event as JSON; with ``envelope = "cloudevents"``, the CloudEvent in the JSON event format, see
+:mod:`receiver.sinks.envelopes`). ``maxlen`` trims the stream approximately (``MAXLEN ~``),
+which Redis does cheaply, a whole node at a time.
 
 A redelivery must not add a second entry. One Lua script, atomic on the server, checks a marker
 key ``{stream}:dedup:{event_id}`` and only when it is absent adds the entry and sets the marker
@@ -29,6 +30,7 @@ from receiver.errors import PermanentError, TransientError
 from receiver.events import Enriched
 from receiver.logs import get_logger, redact_url
 from receiver.sinks.base import SinkContext
+from receiver.sinks.envelopes import Envelope
 
 log = get_logger(__name__)
 
@@ -59,7 +61,8 @@ def marker_key(stream: str, event_id: str) -> str:
 
 
 class RedisStreamSink:
-    """Adds each event to a stream. Options: ``url``, ``stream``, ``maxlen``, ``dedup_seconds``."""
+    """Adds each event to a stream. Options: ``url``, ``stream``, ``maxlen``, ``dedup_seconds``,
+    ``envelope``, ``cloudevents_source``."""
 
     def __init__(self, settings: SinkSettings, *, default_dedup_seconds: int) -> None:
         options = settings.options
@@ -69,6 +72,7 @@ class RedisStreamSink:
         self.maxlen = int(options.get("maxlen") or 0)
         dedup = options.get("dedup_seconds")
         self.dedup_seconds = default_dedup_seconds if dedup is None else int(dedup)
+        self._envelope = Envelope(options)
         self._url = str(options["url"])
         self._shown_url = redact_url(self._url)
         self._client: Any = None
@@ -117,7 +121,7 @@ class RedisStreamSink:
                     self.maxlen,
                     enriched.event_id,
                     enriched.event_name,
-                    enriched.to_bytes(),
+                    self._envelope.structured(enriched),
                 ],
             )
         except ResponseError as exc:

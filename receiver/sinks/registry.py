@@ -11,7 +11,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from receiver.signature import SCHEMES
 from receiver.sinks import checks
+from receiver.sinks.envelopes import ENVELOPES, MODES
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,19 @@ COMMON_KEYS: dict[str, Option] = {
     "timeout_seconds": Option((int, float), default=60.0, help="limit for one delivery"),
 }
 
+# Keys of every sink that carries the enriched event (see receiver.sinks.envelopes).
+ENVELOPE_KEYS: dict[str, Option] = {
+    "envelope": Option(
+        str, choices=ENVELOPES, help="receiver (the enriched event JSON; default) or cloudevents"
+    ),
+    "cloudevents_source": Option(str, help='the CloudEvents source; default "receiver"'),
+}
+# Keys of the sinks whose CloudEvents binding has both content modes.
+MODE_KEYS: dict[str, Option] = {
+    **ENVELOPE_KEYS,
+    "cloudevents_mode": Option(str, choices=MODES, help="structured (default) or binary"),
+}
+
 SINK_TYPES: dict[str, SinkType] = {
     "download": SinkType(
         module="receiver.sinks.download",
@@ -77,6 +92,7 @@ SINK_TYPES: dict[str, SinkType] = {
             "dedup_seconds": Option(
                 int, help="how long an event id is remembered; default: [store].retention_hours"
             ),
+            **ENVELOPE_KEYS,
         },
     ),
     "amqp": SinkType(
@@ -94,6 +110,7 @@ SINK_TYPES: dict[str, SinkType] = {
             "queue": Option(str, help="a durable queue declared (and bound) at start"),
             "binding_key": Option(str, default="#", help="binds the queue to the exchange"),
             "mandatory": Option(bool, default=True, help="an unroutable message is a failure"),
+            **MODE_KEYS,
         },
     ),
     "nats": SinkType(
@@ -110,6 +127,7 @@ SINK_TYPES: dict[str, SinkType] = {
             "duplicate_window_seconds": Option(
                 float, default=3600.0, help="a created stream's duplicate window"
             ),
+            **MODE_KEYS,
         },
     ),
     "slack": SinkType(
@@ -129,8 +147,14 @@ SINK_TYPES: dict[str, SinkType] = {
         check=checks.check_http,
         options={
             "url": Option(str, required=True, help="where the enriched event is POSTed"),
-            "secret": Option(str, required=True, help="signs each request (Service-Signature)"),
+            "secret": Option(str, required=True, help="signs each request (see signing)"),
             "headers": Option(dict, help="extra request headers"),
+            "signing": Option(
+                str,
+                choices=SCHEMES,
+                help="service (Service-Signature; default) or standard-webhooks",
+            ),
+            **MODE_KEYS,
         },
     ),
     "exec": SinkType(
@@ -140,6 +164,7 @@ SINK_TYPES: dict[str, SinkType] = {
             "command": Option(list, required=True, item_kind=str, help="argv, never a shell"),
             "env": Option(dict, help="extra environment variables"),
             "cwd": Option(str, help="working directory"),
+            **ENVELOPE_KEYS,
         },
     ),
 }

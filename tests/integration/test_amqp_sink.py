@@ -195,3 +195,25 @@ async def test_reconnects_after_the_broker_drops_the_connection(broker, opened):
     await wait_for(sent_after_drop, 15, what="a publish after the drop")
     messages = await get_messages(broker, queue, 2)
     assert [m.message_id for m in messages] == ["evt_before", "evt_after"]
+
+
+@pytest.mark.parametrize("mode", ["structured", "binary"])
+async def test_cloudevents_envelope_follows_the_amqp_binding(broker, opened, mode):
+    from tests.support.outbound import assert_is_the_event, from_amqp
+
+    queue = broker.unique("queues")
+    sink = await opened(queue=queue, envelope="cloudevents", cloudevents_mode=mode)
+    event = enriched_event()
+    await sink.send(event)
+    [message] = await get_messages(broker, queue, 1)
+    assert_is_the_event(from_amqp(message.content_type, message.headers, message.body), event)
+    assert message.message_id == "evt_1" and message.type == "job.completed"
+    assert message.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
+    if mode == "structured":
+        assert message.content_type == "application/cloudevents+json"
+        assert not any(name.startswith("cloudEvents") for name in message.headers)
+    else:
+        assert message.content_type == "application/json"
+        assert message.body == event.to_bytes()
+        assert message.headers["cloudEvents_id"] == "evt_1"
+        assert message.headers["cloudEvents_subject"] == "job_1"

@@ -175,3 +175,16 @@ async def test_missing_or_not_executable_command_is_dead_at_once(tmp_path):
     plain.write_text("#!/bin/sh\nexit 0\n")
     with pytest.raises(PermanentError, match="permission denied"):
         await exec_sink([str(plain)]).send(enriched_event())
+
+
+async def test_cloudevents_envelope_is_structured_json_on_stdin(tmp_path):
+    from tests.support.outbound import assert_is_the_event, from_http
+
+    out = tmp_path / "stdin.json"
+    command = script(
+        tmp_path, f"import sys; open({str(out)!r}, 'wb').write(sys.stdin.buffer.read())"
+    )
+    event = enriched_event()
+    await exec_sink(command, envelope="cloudevents").send(event)
+    cloudevent = from_http({"Content-Type": "application/cloudevents+json"}, out.read_bytes())
+    assert_is_the_event(cloudevent, event)

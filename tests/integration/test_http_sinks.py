@@ -224,3 +224,88 @@ async def test_slack_errors_never_show_the_hook_path(capture, session, status, e
     assert f"HTTP {status}" in str(caught.value)
     assert "very-secret-token" not in str(caught.value)
     assert (status >= 500) == (not isinstance(caught.value, PermanentError))
+
+
+# ------------------------------------------------------------- http: outbound formats
+
+WHSEC = "whsec_" + "c2luay1zZWNyZXQtZm9yLXN0YW5kYXJkLXdlYmhvb2tz"  # 33 bytes
+
+
+@pytest.mark.parametrize("mode", ["structured", "binary"])
+async def test_http_cloudevents_signed_with_standard_webhooks(capture, session, mode):
+    """The official libraries judge: the SDK parses the request, Standard Webhooks verifies it;
+    a tampered body fails."""
+    from standardwebhooks import Webhook
+    from standardwebhooks.webhooks import WebhookVerificationError
+
+    from tests.support.outbound import assert_is_the_event, from_http
+
+    sink = http_sink(
+        capture,
+        session,
+        secret=WHSEC,
+        signing="standard-webhooks",
+        envelope="cloudevents",
+        cloudevents_mode=mode,
+        cloudevents_source="https://receiver.example/events",
+        headers={"Authorization": "Bearer internal"},
+    )
+    event = enriched_event()
+    await sink.send(event)
+    [request] = capture.requests
+    headers = request.headers
+    assert headers["webhook-id"] == "evt_1"
+    assert abs(int(headers["webhook-timestamp"]) - time.time()) < 60
+    assert headers["Authorization"] == "Bearer internal"
+    assert "Service-Signature" not in headers
+    Webhook(WHSEC).verify(request.body, headers)
+    assert_is_the_event(
+        from_http(headers, request.body), event, source="https://receiver.example/events"
+    )
+    if mode == "structured":
+        assert headers["Content-Type"] == "application/cloudevents+json"
+    else:
+        assert headers["Content-Type"] == "application/json"
+        assert request.body == event.to_bytes()
+    with pytest.raises(WebhookVerificationError):
+        Webhook(WHSEC).verify(request.body.replace(b"happy wave", b"happy wavE"), headers)
+
+
+async def test_http_cloudevents_keeps_the_service_signature_by_default(capture, session):
+    from tests.support.outbound import assert_is_the_event, from_http
+
+    await http_sink(capture, session, envelope="cloudevents").send(enriched_event())
+    [request] = capture.requests
+    assert request.headers["Content-Type"] == "application/cloudevents+json"
+    assert request.headers["Service-Event-Id"] == "evt_1"
+    signature, now = request.headers["Service-Signature"], time.time()
+    verify(secrets=[SINK_SECRET], body=request.body, header=signature, now=now, tolerance_seconds=9)
+    assert_is_the_event(from_http(request.headers, request.body), enriched_event())
+
+
+async def test_http_standard_webhooks_with_the_receiver_envelope(capture, session):
+    from standardwebhooks import Webhook
+
+    await http_sink(capture, session, secret=WHSEC, signing="standard-webhooks").send(
+        enriched_event()
+    )
+    [request] = capture.requests
+    assert request.body == enriched_event().to_bytes()
+    assert request.headers["Content-Type"] == "application/json"
+    assert Webhook(WHSEC).verify(request.body, request.headers) == enriched_event().as_json()
+
+
+def test_http_headers_may_not_replace_the_standard_webhooks_ones():
+    from receiver.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        sink_settings(
+            {
+                "type": "http",
+                "url": "https://consumer.example/in",
+                "secret": WHSEC,
+                "signing": "standard-webhooks",
+                "headers": {"Webhook-Signature": "v1,forged"},
+            }
+        )
+    assert err.value.problems == ["sinks.out.headers.Webhook-Signature: is set by the sink itself"]

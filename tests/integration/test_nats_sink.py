@@ -165,3 +165,30 @@ async def test_reconnects_after_a_restart(tmp_path):
     finally:
         await sink.close()
         server.stop()
+
+
+@pytest.mark.parametrize("mode", ["structured", "binary"])
+async def test_cloudevents_envelope_follows_the_nats_binding(js, opened, mode):
+    from tests.support.outbound import assert_is_the_event, from_nats
+
+    stream, prefix = js.unique()
+    sink = await opened(
+        subject=f"{prefix}.{{event}}",
+        stream=stream,
+        create_stream=True,
+        envelope="cloudevents",
+        cloudevents_mode=mode,
+    )
+    event = enriched_event()
+    await sink.send(event)
+    await sink.send(event)  # a redelivery: still dropped by the duplicate window
+    info = await js.stream_info(stream)
+    assert info.state.messages == 1
+    message = await js.get_msg(stream, seq=1)
+    assert message.headers["Nats-Msg-Id"] == "evt_1"
+    assert_is_the_event(from_nats(message.headers, message.data), event)
+    if mode == "structured":
+        assert message.headers["Content-Type"] == "application/cloudevents+json"
+    else:
+        assert message.data == event.to_bytes()
+        assert message.headers["ce-type"] == "job.completed"

@@ -140,3 +140,16 @@ async def test_reconnects_after_a_restart(tmp_path):
     finally:
         await sink.close()
         server.stop()
+
+
+async def test_cloudevents_envelope_puts_the_structured_event_in_data(redis, opened):
+    from tests.support.outbound import assert_is_the_event, from_http
+
+    stream = redis.stream_name()
+    sink = await opened(stream=stream, envelope="cloudevents", cloudevents_source="urn:rx")
+    event = enriched_event()
+    await sink.send(event)
+    [(_, fields)] = await redis.xrange(stream)
+    assert fields[b"event_id"] == b"evt_1" and fields[b"event"] == b"job.completed"
+    cloudevent = from_http({"Content-Type": "application/cloudevents+json"}, fields[b"data"])
+    assert_is_the_event(cloudevent, event, source="urn:rx")
