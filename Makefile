@@ -187,8 +187,10 @@ test-postgres: $(VENV)/.installed-dev  ## the Postgres tests alone (PostgreSQL o
 # Each benchmark measures its baselines in the same run and prints ratios; BENCH_ARGS passes
 # options through (e.g. `make bench-ingest BENCH_ARGS="--rounds 5 --loop asyncio"`).
 .PHONY: bench bench-ingest bench-scale bench-e2e bench-lanes bench-web bench-tools fuzz
+.PHONY: fuzz-webhook
 BENCH_ARGS ?=
 FUZZ_EXAMPLES ?= 100000
+WEBHOOK_EXAMPLES ?= 2000
 
 $(VENV)/.installed-bench: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[dev,uvloop]'
@@ -219,3 +221,8 @@ bench: bench-ingest bench-scale bench-e2e bench-lanes bench-web  ## every benchm
 fuzz: $(VENV)/.installed-dev  ## the webhook fuzz test, FUZZ_EXAMPLES requests (default 100000)
 	RECEIVER_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/pytest tests/hostile/test_fuzz_webhook.py \
 		-q -s -p no:cacheprovider -o timeout=0
+
+fuzz-webhook: $(VENV)/.installed-dev  ## signed bodies of any JSON, WEBHOOK_EXAMPLES random ones per inbox backend (default 2000)
+	RECEIVER_HYPOTHESIS_EXAMPLES=$(WEBHOOK_EXAMPLES) $(BIN)/pytest \
+		tests/hostile/test_property_webhook.py -q -p no:cacheprovider -o timeout=0 \
+		--hypothesis-show-statistics

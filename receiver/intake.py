@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,6 +32,12 @@ log = get_logger("receiver.intake")
 # Headers kept with the stored event (the signature itself is not needed after verification).
 KEPT_HEADERS = ("Service-Event-Id", "X-Service-Event", "X-Service-Timestamp", "User-Agent")
 _MAX_ID_LENGTH = 255
+# Control characters: C0 (U+0000-U+001F), DEL and C1 (U+0080-U+009F). Refused in the id and
+# job id (the contract: the spec's ids are UUIDs) and in the event name too: the id and the name
+# go into outgoing headers (the http sink's Service-Event-Id and X-Service-Event; AMQP and NATS
+# message ids), where a CR or LF fails every delivery, the name into metric labels, all three
+# into log lines; and no store keeps a NUL (see receiver.store.sqlite_intake).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 # Per-event-name caches (sinks that want it, metric children) stop growing at this many names:
 # names come from signed payloads, so they are few, but nothing here may grow without bound.
 _MAX_CACHED_NAMES = 1000
@@ -93,6 +100,10 @@ def parse_event(body: bytes) -> dict[str, Any]:
             raise PayloadError(f"field {key!r} must be a non-empty string")
         if len(value) > _MAX_ID_LENGTH:
             raise PayloadError(f"field {key!r} is longer than {_MAX_ID_LENGTH} characters")
+        # isprintable() is a third of the regex's cost and True for every UUID; a control
+        # character is never printable, so only the rare other strings are searched.
+        if not value.isprintable() and _CONTROL.search(value) is not None:
+            raise PayloadError(f"field {key!r} holds a control character")
     if event.get("object") != "event":
         raise PayloadError("field 'object' must be \"event\"")
     return event
@@ -270,6 +281,8 @@ class Intake:
         )
         try:
             added = await self._store.add_event(new)
+        except PayloadError as exc:  # a value no store can keep (parse_event refuses it first)
+            return self._reject(request, "malformed", exc.message)
         except StoreError as exc:
             log.error("event could not be stored", event_id=new.id, error=exc.message)
             return self._reject(request, "unavailable", "the event could not be stored")

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
@@ -40,7 +41,7 @@ from urllib.parse import parse_qs, urlsplit
 import asyncpg
 
 from receiver.config import StoreSettings
-from receiver.errors import StoreUnavailable
+from receiver.errors import PayloadError, StoreUnavailable
 from receiver.logs import get_logger, redact_url
 from receiver.store import rules
 from receiver.store.base import NewEvent
@@ -80,6 +81,8 @@ GROUP_WRITERS = 2
 #: Statements a group's events get at most: an event is judged again only when another
 #: transaction claimed its job outcome during the statement (see postgres_sql.ADD_EVENTS).
 JUDGING_ROUNDS = 3
+#: What an event's id, name or job id cannot hold here (see PostgresStore.add_event).
+_UNSTORABLE = re.compile(r"[\x00\ud800-\udfff]")
 
 
 class PostgresStore(PostgresLanes, PostgresBrowse, PostgresMigrations, PostgresPull):
@@ -254,6 +257,14 @@ class PostgresStore(PostgresLanes, PostgresBrowse, PostgresMigrations, PostgresP
     async def add_event(self, event: NewEvent) -> bool:
         if self._pool is None:
             raise StoreUnavailable("the inbox is not open")
+        # Postgres text holds no NUL, and no UTF-8 a lone surrogate: refused here, in the
+        # caller's task, as every store refuses them (see receiver.store.sqlite_intake). In the
+        # group's one statement such a value would fail every event of the group, each time.
+        for value in (event.id, event.event, event.job_id):
+            if ("\x00" in value) if value.isascii() else bool(_UNSTORABLE.search(value)):
+                raise PayloadError(
+                    "an event id, name or job id cannot hold NUL or a lone surrogate"
+                )
         return await self._adds.submit(event)
 
     async def _write_adds(self, events: list[NewEvent]) -> list[bool | BaseException]:

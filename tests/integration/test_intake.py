@@ -9,7 +9,7 @@ from structlog.testing import capture_logs
 
 from receiver.app import Runtime
 from receiver.config import parse_settings
-from receiver.errors import StoreUnavailable
+from receiver.errors import PayloadError, StoreUnavailable
 from receiver.intake import ClientAddress
 from receiver.signature import sign, webhook_headers
 from receiver.store.memory import MemoryStore
@@ -206,6 +206,89 @@ async def test_signed_but_malformed(receiver, body):
     await expect_rejected(
         *receiver, body, signed(body, event_id=None), 400, "malformed_payload", "malformed"
     )
+
+
+CONTROL_CHARACTERS = {
+    "nul": "\x00",
+    "cr": "\r",
+    "lf": "\n",
+    "crlf": "\r\n",
+    "tab": "\t",
+    "unit separator": "\x1f",
+    "del": "\x7f",
+    "c1 first": "\x80",
+    "c1 next line": "\x85",
+    "c1 last": "\x9f",
+}
+BAD_IDS = [
+    *(f"evt-{c}-1" for c in CONTROL_CHARACTERS.values()),
+    *CONTROL_CHARACTERS.values(),
+    "",
+    "e" * 256,
+]
+BAD_ID_NAMES = [
+    *(f"{name} inside" for name in CONTROL_CHARACTERS),
+    *(f"{name} alone" for name in CONTROL_CHARACTERS),
+    "empty",
+    "256 characters",
+]
+
+
+async def expect_refused_twice(runtime, client, body):
+    """400 malformed_payload, nothing stored, and the same again for the same bytes (a retry of
+    a refused event is refused again: never a 503 that the upstream would retry for a day)."""
+    for attempt in (1, 2):
+        status, answer = await post(client, body, signed(body, event_id=None))
+        assert (status, answer["error"]["code"]) == (400, "malformed_payload"), (attempt, answer)
+        assert await runtime.store.list() == []
+    assert sample(runtime, "receiver_webhook_requests_total", {"outcome": "malformed"}) == 2
+    assert sample(runtime, "receiver_webhook_requests_total", {"outcome": "unavailable"}) == 0
+
+
+@pytest.mark.parametrize("field", ["id", "job_id", "event"])
+@pytest.mark.parametrize("value", BAD_IDS, ids=BAD_ID_NAMES)
+async def test_ids_and_event_name_with_a_control_character_empty_or_too_long(
+    receiver, field, value
+):
+    body = json.dumps({**json.loads(payload()), field: value}).encode()
+    await expect_refused_twice(*receiver, body)
+
+
+@pytest.mark.parametrize("field", ["id", "job_id"])
+async def test_raw_control_characters_are_refused_too(receiver, field):
+    # orjson takes U+007F-U+009F unescaped in a string (only C0 must be escaped in JSON).
+    body = payload(**{field: "__MARK__"}).replace(b"__MARK__", "evt-\x7f\x85\x9f".encode())
+    await expect_refused_twice(*receiver, body)
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["e" * 255, "evt-\u00a0-no-break-space", "évènement-✓-\u2028", "01234567-89ab-cdef-0123"],
+    ids=["255 characters", "U+00A0", "unicode", "uuid-like"],
+)
+async def test_ids_just_inside_the_limits_are_stored(receiver, value):
+    runtime, client = receiver
+    body = payload(value, job_id=value)
+    status, answer = await post(client, body, signed(body, event_id=None))
+    assert (status, answer["id"], answer["duplicate"]) == (200, value, False)
+    status, answer = await post(client, body, signed(body, event_id=None))
+    assert (status, answer["duplicate"]) == (200, True)
+    record = await runtime.store.get(value)
+    assert record is not None and record.job_id == value
+
+
+async def test_a_value_the_store_refuses_is_400_not_503(aiohttp_client, tmp_path):
+    class RefusingStore(MemoryStore):
+        async def add_event(self, event):
+            raise PayloadError("an event id, name or job id cannot hold NUL")
+
+    runtime = Runtime(settings_for(tmp_path), role="intake", store=RefusingStore())
+    async with runtime:
+        client = await aiohttp_client(runtime.public_app())
+        body = payload()
+        status, answer = await post(client, body, signed(body))
+    assert (status, answer["error"]["code"]) == (400, "malformed_payload")
+    assert sample(runtime, "receiver_webhook_requests_total", {"outcome": "malformed"}) == 1
 
 
 async def test_event_id_header_mismatch(receiver):

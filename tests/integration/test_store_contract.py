@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -15,14 +16,14 @@ from typing import Any
 import pytest
 
 from receiver.config import StoreSettings
-from receiver.errors import StoreUnavailable, UnknownEvent
+from receiver.errors import PayloadError, StoreError, StoreUnavailable, UnknownEvent
 from receiver.store import Outcome, Store, rules
 from receiver.store.base import DeliveryState, Snapshot
 from receiver.store.lanes_model import DeliveryKey, LanePolicy, LaneResult, LaneStats, Leases
 from receiver.store.memory import MemoryStore
 from receiver.store.sqlite import SqliteStore
 from tests.support.postgres import fresh_schema, require_postgres, store_settings
-from tests.support.store_cases import T0, new_event, states
+from tests.support.store_cases import ODD_IDS, T0, UNSTORABLE_IDS, new_event, states
 
 LEASE = 60.0
 
@@ -126,6 +127,41 @@ async def test_concurrent_adds_answer_true_exactly_once_per_id(store: Store) -> 
     assert new_per_id == dict.fromkeys(ids, 1)
     counts, _ = await store.counts()
     assert counts["pending"] == 200
+
+
+@pytest.mark.parametrize("event_id", ODD_IDS)
+async def test_odd_ids_are_stored_once_and_found_again(store: Store, event_id: str) -> None:
+    # Whatever intake lets through or not, the store's duplicate look and its unique index agree.
+    assert await store.add_event(new_event(event_id)) is True
+    assert await store.add_event(new_event(event_id)) is False
+    record = await store.get(event_id)
+    assert record is not None and (record.id, record.job_id) == (event_id, f"job-{event_id}")
+    assert [d.event_id for d in record.deliveries] == [event_id, event_id]
+    assert [r.id for r in await store.list()] == [event_id]
+
+
+@pytest.mark.parametrize("field", ["id", "event", "job_id"])
+@pytest.mark.parametrize("value", UNSTORABLE_IDS)
+async def test_a_nul_or_lone_surrogate_is_refused_alike_every_time(
+    store: Store, field: str, value: str
+) -> None:
+    # Never a StoreError (intake would answer 503 and the upstream retry for a day), never a
+    # first success then a failure: PayloadError on every try, and nothing stored.
+    event = dataclasses.replace(new_event("ev-1"), **{field: value})
+    for _attempt in range(2):
+        with pytest.raises(PayloadError):
+            await store.add_event(event)
+    assert await store.list() == []
+    assert await store.add_event(new_event("ev-1")) is True
+
+
+async def test_a_refused_event_fails_alone_in_its_group(store: Store) -> None:
+    events = [new_event(f"ev-{i}") for i in range(5)]
+    events[2] = new_event("ev-\x00")
+    results = await asyncio.gather(*(store.add_event(e) for e in events), return_exceptions=True)
+    assert [r is True for r in results] == [True, True, False, True, True]
+    assert isinstance(results[2], PayloadError) and not isinstance(results[2], StoreError)
+    assert sorted(r.id for r in await store.list()) == ["ev-0", "ev-1", "ev-3", "ev-4"]
 
 
 async def test_get_unknown_is_none(store: Store) -> None:

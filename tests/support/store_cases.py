@@ -31,3 +31,20 @@ def new_event(
 
 def states(record: Any) -> dict[str, str]:
     return {d.sink: d.state for d in record.deliveries}
+
+
+#: Ids (and job ids) that every store keeps and finds again: control characters but NUL, C1,
+#: separators, non-BMP characters, JSON's own escapes, 255 characters.
+ODD_IDS = (
+    "ev-\x01\x1f",
+    "ev-\r\n",
+    "ev-\t",
+    "ev-\x7f\x85\x9f",
+    "ev-\u2028\u2029",
+    "ev-é-✓-😀",
+    'ev-"\\u0000\\',
+    "e" * 255,
+)
+#: Values no store keeps in an id, event name or job id (Postgres text holds no NUL; SQLite's
+#: JSON functions end a string at one; UTF-8 has no lone surrogate): refused, every time.
+UNSTORABLE_IDS = ("ev-\x00", "\x00", "ev-\x00-\x00tail", "ev-é\x00", "ev-\ud800", "\udfff")
