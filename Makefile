@@ -82,7 +82,7 @@ browser-tools: $(VENV)/.installed-dev  ## Chromium for tests/web, from Debian
 		&& $(SUDO) env DEBIAN_FRONTEND=noninteractive \
 			apt-get install -y -q --no-install-recommends chromium; }
 
-screenshots: browser-tools  ## the browser tests, saving docs/ui-*.png (shown in the README)
+screenshots: browser-tools  ## the browser tests, saving docs/ui-*.png (shown in docs/inbox-page.md)
 	RECEIVER_SCREENSHOTS=docs $(BIN)/pytest -q tests/web -p no:cacheprovider
 
 # --- deploy -----------------------------------------------------------------------------------

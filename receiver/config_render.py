@@ -30,7 +30,7 @@ _HEADER = """\
 
 _SINKS = """\
 # Sinks: where each processed event goes. More types (redis, amqp, nats, slack, http, exec) and
-# their keys: config.example.toml in the project, or README "Sinks".
+# their keys: config.example.toml in the project, or docs/sinks.md.
 [[sinks]]
 name = "files"
 type = "download"                 # writes {directory}/{collection_id}/{item_name}/{type}-{id}{ext}

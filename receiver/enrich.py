@@ -21,7 +21,11 @@ from typing import Any, Protocol
 
 from receiver.errors import NotReady, TransientError
 from receiver.events import Enriched, FileRef
+from receiver.logs import get_logger
+from receiver.pull.events import unit_job_id
 from receiver.store.base import EventRecord, Snapshot
+
+log = get_logger("receiver.enrich")
 
 UNFINISHED_JOB_STATES = frozenset({"pending", "processing"})
 ASSET_READY = "completed"
@@ -33,8 +37,21 @@ JOBLESS_UNITS = frozenset({"item", "asset"})
 
 
 def without_job(payload: Mapping[str, Any]) -> bool:
-    """Whether a stored event was made by reconcile for assets that name no job."""
-    return payload.get("source") == "reconcile" and payload.get("reconcile_unit") in JOBLESS_UNITS
+    """Whether a stored event was made by reconcile for assets that name no job: its job id is
+    the one reconcile makes for its item or asset (a webhook cannot pass for one by its fields
+    alone)."""
+    unit = payload.get("reconcile_unit")
+    if payload.get("source") != "reconcile" or unit not in JOBLESS_UNITS:
+        return False
+    asset_ids = payload.get("asset_ids")
+    ident = (
+        payload.get("item_id")
+        if unit == "item"
+        else next(iter(asset_ids.values()), None)
+        if isinstance(asset_ids, dict) and len(asset_ids) == 1
+        else None
+    )
+    return isinstance(ident, str) and payload.get("job_id") == unit_job_id(unit, ident)
 
 
 class JobSource(Protocol):
@@ -69,6 +86,14 @@ class Enricher:
             asset_ids = _asset_ids(payload)
             if asset_ids:
                 assets = await self._fetch_assets(asset_ids)
+            elif not isinstance(job.get("urls"), dict) or not job["urls"]:
+                # The spec promises neither: only a reconcile of the collection finds the files.
+                log.warning(
+                    "completed job names no files: the webhook named no asset_ids and the job "
+                    "has no urls; `receiver reconcile --collection` delivers its assets",
+                    job_id=record.job_id,
+                    collection_id=job.get("collection_id"),
+                )
         # The time the fetch began: a signed URL's clock starts no later than that.
         return Snapshot(job=job, assets=tuple(assets), fetched_at=started)
 

@@ -69,7 +69,7 @@ class Watchdog:
                     f"{webhook_id}` then `receiver webhooks register --url {url}`; the events "
                     "it missed are never sent again: deliver them with `receiver reconcile "
                     "--collection ID` for each collection (or `receiver watch JOB_ID` for "
-                    'jobs still running; README: "No public URL? Pull mode")',
+                    "jobs still running; docs/pull-mode.md)",
                     webhook_id=webhook_id,
                     url=url,
                     consecutive_failures=failures,

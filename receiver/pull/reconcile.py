@@ -197,7 +197,13 @@ class Reconciler:
             limit = pagination.get("limit")
             if pagination.get("has_more") is not True or not page or not isinstance(limit, int):
                 break
-            offset = int(pagination.get("offset", offset)) + limit
+            following = int(pagination.get("offset", offset)) + limit
+            if following <= offset:  # an answer that would page forever (the spec: limit > 0)
+                raise ReceiverError(
+                    f"collection {collection_id}: the page at offset {offset} points back to "
+                    f"offset {following}"
+                )
+            offset = following
         await self._deliver(collection_id, list(units.values()), summary, dry_run)
         return summary
 

@@ -210,6 +210,7 @@ class Simulator(SimulatorState):
         if params is None:
             return _error(400, "validation_failed", "limit is 1 to 100 and offset >= 0.")
         limit, offset = params
+        limit = self.shape.page_limit(f"webhooks:{offset}", limit)
         hooks = list(self.webhooks.values())
         page = hooks[offset : offset + limit]
         meta = pagination(len(hooks), limit, offset, len(page))

@@ -14,6 +14,7 @@ from structlog.testing import capture_logs
 
 from receiver.app import Runtime
 from receiver.config import parse_settings
+from receiver.errors import ReceiverError
 from receiver.pull.reconcile import Reconciler
 from receiver.simulator.shape import NULL
 from tests.support.cli import assert_one_clean_line, run_cli
@@ -290,3 +291,23 @@ async def test_an_unknown_collection_is_one_line(tmp_path, upstream):
     assert code == 1
     assert_one_clean_line(err)
     assert "not found" in err
+
+
+async def test_a_listing_that_points_back_ends_the_run_with_an_error(serving):
+    """A page whose ``meta.pagination`` would send the run back (or nowhere) is refused, not
+    followed forever."""
+    runtime, _public, _sim = serving
+
+    class Backwards:
+        calls = 0
+
+        async def collection_assets_page(self, collection_id, *, offset=0, limit=100):
+            self.calls += 1
+            page = [{"id": f"a{offset}", "type": "image", "status": "processing"}]
+            return page, {"total": 10, "limit": 1, "offset": 0, "has_more": True}
+
+    upstream = Backwards()
+    reconciler = Reconciler(settings=runtime.settings, store=runtime.store, upstream=upstream)
+    with pytest.raises(ReceiverError, match="points back"):
+        await reconciler.run(COLLECTION)
+    assert upstream.calls == 2

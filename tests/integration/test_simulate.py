@@ -305,7 +305,33 @@ def test_the_seed_is_random_unless_given_and_decides_the_event_ids() -> None:
 
     assert first_event_id(42) == first_event_id(42) != first_event_id(43)
     summary = render_summary({**Simulation(SimulateOptions(seed=42)).summary(), "seed": 42})
-    assert "seed              42 (--seed 42 repeats this run, event ids too)" in summary
+    assert (
+        "seed              42, shape mixed (--seed 42 --shape mixed repeats this run, event ids "
+        "too)"
+    ) in summary
+
+
+def test_the_shape_is_a_flag_and_decides_what_objects_carry() -> None:
+    assert options_from_args(simulate_args()).shape == "mixed"
+    assert options_from_args(simulate_args("--shape", "minimal")).shape == "minimal"
+    with pytest.raises(SystemExit):
+        simulate_args("--shape", "everything")
+
+    def shown(shape: str) -> list[dict]:
+        sim = Simulation(SimulateOptions(seed=7, shape=shape)).sim
+        payloads = [sim.add_job("animation") for _ in range(12)]
+        return [sim.job_json(p["job_id"]) for p in payloads] + payloads
+
+    full, minimal, mixed = shown("full"), shown("minimal"), shown("mixed")
+    assert all("item_name" in job and "urls" in job for job in full[:12])
+    assert all(set(body) == {"id", "object", "event", "job_id"} for body in minimal[12:])
+    assert all("item_name" not in job and job["collection_id"] is None for job in minimal[:12])
+    # mixed: some of each, and the same again for the same seed
+    assert any("item_name" in job for job in mixed[:12])
+    assert any("item_name" not in job for job in mixed[:12])
+    assert any(set(body) == {"id", "object", "event", "job_id"} for body in mixed[12:])
+    assert any("asset_ids" in body for body in mixed[12:])
+    assert [sorted(o) for o in shown("mixed")] == [sorted(o) for o in mixed]
 
 
 def test_config_supplies_the_target_secret_key_and_address(tmp_path) -> None:
