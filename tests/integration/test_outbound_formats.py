@@ -44,10 +44,9 @@ def run_block(code: str, **names: Any) -> dict[str, Any]:
     return namespace
 
 
-def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    code = main(list(args))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[Any, ...]:
+    """``receiver ARGS`` in this process: (exit code, stdout, stderr)."""
+    return (main(list(args)), *capsys.readouterr())
 
 
 @pytest.fixture
