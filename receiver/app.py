@@ -32,9 +32,10 @@ from receiver.secrets import SecretBox
 from receiver.sinks.base import Sink, SinkContext
 from receiver.sinks.loader import build_sinks
 from receiver.store import open_store
-from receiver.store.base import EVENT_STATES, Store
+from receiver.store.base import Store
 from receiver.store.lanes_model import LaneStats
 from receiver.store.pull import WATCH_STATES
+from receiver.store.records import EVENT_STATES
 from receiver.supervisor import Supervisor
 from receiver.upstream import UpstreamClient
 from receiver.watchdog import Watchdog

@@ -6,7 +6,7 @@ named in the event's ``asset_ids`` is fetched for its current status and a fresh
 are the fresh job's ``urls`` used. Anything not finished yet raises :class:`NotReady`, so the
 event is tried again later instead of skipping a file.
 
-What is fetched is a :class:`~receiver.store.base.Snapshot`, stored with the event once and
+What is fetched is a :class:`~receiver.store.records.Snapshot`, stored with the event once and
 shared by all of its deliveries (:meth:`Enricher.fetch`); :meth:`Enricher.build` turns a record
 and its snapshot into the :class:`Enriched` event the sinks get, without any upstream call.
 :meth:`Enricher.refresh` fetches again only what went stale: the assets whose signed URLs were
@@ -23,7 +23,7 @@ from receiver.errors import NotReady, TransientError
 from receiver.events import Enriched, FileRef
 from receiver.logs import get_logger
 from receiver.pull.events import unit_job_id
-from receiver.store.base import EventRecord, Snapshot
+from receiver.store.records import EventRecord, Snapshot
 
 log = get_logger("receiver.enrich")
 

@@ -25,7 +25,8 @@ from receiver.logs import get_logger
 from receiver.metrics import WEBHOOK_OUTCOMES, Metrics
 from receiver.secrets import SecretBox
 from receiver.signature import LEGACY_SIGNATURE_HEADER, SIGNATURE_HEADER, verify
-from receiver.store.base import NewEvent, Store
+from receiver.store.base import Store
+from receiver.store.records import NewEvent
 
 log = get_logger("receiver.intake")
 
@@ -36,7 +37,7 @@ _MAX_ID_LENGTH = 255
 # job id (the contract: the spec's ids are UUIDs) and in the event name too: the id and the name
 # go into outgoing headers (the http sink's Service-Event-Id and X-Service-Event; AMQP and NATS
 # message ids), where a CR or LF fails every delivery, the name into metric labels, all three
-# into log lines; and no store keeps a NUL (see receiver.store.sqlite_intake).
+# into log lines; and no store keeps a NUL (see receiver.store.sqlite.intake).
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 # Per-event-name caches (sinks that want it, metric children) stop growing at this many names:
 # names come from signed payloads, so they are few, but nothing here may grow without bound.

@@ -43,7 +43,7 @@ from receiver.metrics import Metrics
 from receiver.retry import RetryPolicy
 from receiver.sinks.base import Sink
 from receiver.store.asset_ledger import ledger_entries
-from receiver.store.base import EventRecord, EventState, Outcome, Snapshot, Store
+from receiver.store.base import Store
 from receiver.store.lanes_model import (
     DeliveryKey,
     LanePolicy,
@@ -52,6 +52,7 @@ from receiver.store.lanes_model import (
     Leased,
     Leases,
 )
+from receiver.store.records import EventRecord, EventState, Outcome, Snapshot
 
 log = get_logger("receiver.lanes")
 

@@ -14,8 +14,9 @@ from receiver.errors import StoreError, UnknownEvent
 from receiver.intake import error_response, page_window
 from receiver.metrics import CONTENT_TYPE, Metrics
 from receiver.pull.admin import WatchAdmin
-from receiver.store.base import EVENT_STATES, Store
+from receiver.store.base import Store
 from receiver.store.lanes_model import LaneStats
+from receiver.store.records import EVENT_STATES
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

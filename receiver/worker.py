@@ -35,8 +35,9 @@ from receiver.metrics import Metrics
 from receiver.retry import RetryPolicy
 from receiver.sinks.base import Sink
 from receiver.store.asset_ledger import ledger_entries
-from receiver.store.base import EventRecord, Outcome, Store
+from receiver.store.base import Store
 from receiver.store.lanes_model import DeliveryKey, LanePolicy, Leases, new_lease_owner
+from receiver.store.records import EventRecord, Outcome
 from receiver.supervisor import Supervisor
 
 log = get_logger("receiver.worker")

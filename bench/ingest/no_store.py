@@ -14,8 +14,8 @@ from __future__ import annotations
 import sys
 
 from receiver.cli import main
-from receiver.store.base import NewEvent
 from receiver.store.memory import MemoryStore
+from receiver.store.records import NewEvent
 
 
 async def _keep_nothing(self: MemoryStore, event: NewEvent) -> bool:

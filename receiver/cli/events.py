@@ -20,8 +20,9 @@ from receiver.config_schema import did_you_mean
 from receiver.errors import UnknownEvent
 from receiver.humantime import ago, iso_utc, parse_since
 from receiver.store import open_existing_store
-from receiver.store.base import EventRecord, Store
+from receiver.store.base import Store
 from receiver.store.browse import Cursor, EventQuery
+from receiver.store.records import EventRecord
 
 STATES = ("pending", "done", "dead")
 TAIL_INTERVAL_SECONDS = 1.0

@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from receiver.config import Settings
-from receiver.store.base import NewEvent
+from receiver.store.records import NewEvent
 
 #: The namespace of the ids of events the receiver makes (a fixed, random UUID).
 EVENT_NAMESPACE = uuid.UUID("5d0c5e0e-4a55-4b5e-9a3c-6f1d2b8e7c41")

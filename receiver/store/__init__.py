@@ -13,7 +13,8 @@ from pathlib import Path
 from receiver.config import StoreSettings
 from receiver.errors import ConfigError, StoreError
 from receiver.extras import install_hint
-from receiver.store.base import DeliveryRecord, EventRecord, NewEvent, Outcome, Store
+from receiver.store.base import Store
+from receiver.store.records import DeliveryRecord, EventRecord, NewEvent, Outcome
 
 __all__ = [
     "DeliveryRecord",

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from receiver.store.base import EVENT_COLUMNS, DeliveryRecord, EventRecord, delivery_record
+from receiver.store.records import EVENT_COLUMNS, DeliveryRecord, EventRecord, delivery_record
 
 
 @dataclass(frozen=True)

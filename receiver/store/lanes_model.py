@@ -12,7 +12,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from receiver.store.base import DeliveryRecord, EventRecord
+from receiver.store.records import DeliveryRecord, EventRecord
 
 
 @dataclass(frozen=True)

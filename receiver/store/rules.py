@@ -15,12 +15,14 @@ Claims order candidates by ``(next_attempt_at, event_id)`` for deliveries and
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from receiver.store.base import DeliveryState, EventState, NewEvent, Outcome, headers_json
+from receiver.errors import PayloadError
 from receiver.store.lanes_model import LanePolicy, LaneResult, LaneState
+from receiver.store.records import DeliveryState, EventState, NewEvent, Outcome, headers_json
 
 # Tokens are compared with this much slack, so float rounding (unix times carry ~1e-7 s of it)
 # never costs a whole interval.
@@ -91,6 +93,28 @@ def event_states(
     for event_id, state in delivery_rows:
         found[event_id].append(state)
     return {event_id: event_state(states) for event_id, states in found.items()}
+
+
+# What the inbox cannot keep in an event's id, name or job id. NUL: SQLite's intake looks for
+# stored ids and outcome keys by passing them as one JSON array to json_each, and SQLite's JSON
+# functions end a string at an escaped NUL ("a\u0000b" comes back as "a"), so the look would miss
+# such an id while the unique index, comparing the whole value, refuses it again: each retry of a
+# stored event would fail instead of being a duplicate (and every other statement that takes a
+# list of ids through json_each would miss it too). Postgres text cannot hold NUL at all, and in
+# its group's one statement such a value would fail every event of the group. A lone surrogate
+# cannot be encoded for either. Every store refuses these alike, in the caller's task.
+_UNSTORABLE = re.compile(r"[\x00\ud800-\udfff]")
+
+
+def refuse_unstorable(values: Iterable[object]) -> None:
+    """Raise PayloadError if any of these (an event's id, name and job id) holds NUL or a lone
+    surrogate; a value that is not text is left for the store's own refusal. For an ASCII value
+    (every UUID) the test is one scan for NUL."""
+    for value in values:
+        if not isinstance(value, str):
+            continue
+        if ("\x00" in value) if value.isascii() else bool(_UNSTORABLE.search(value)):
+            raise PayloadError("an event id, name or job id cannot hold NUL or a lone surrogate")
 
 
 def new_event_values(has_sinks: bool, received_at: float) -> tuple[EventState, float | None]:

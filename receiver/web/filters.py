@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from urllib.parse import urlencode
 
-from receiver.store.base import EVENT_STATES
 from receiver.store.browse import Cursor, EventQuery
+from receiver.store.records import EVENT_STATES
 
 DELIVERY_STATES = (*EVENT_STATES, "skipped")
 FILTER_FIELDS = ("state", "event", "sink", "q", "since", "until")

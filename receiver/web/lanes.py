@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from receiver.config import SinkSettings
 from receiver.metrics import Metrics
-from receiver.store.base import EVENT_STATES
 from receiver.store.browse import InboxOverview, LaneCounts
+from receiver.store.records import EVENT_STATES
 
 RATE_WINDOW_SECONDS = 300.0
 

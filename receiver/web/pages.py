@@ -16,8 +16,9 @@ from receiver.config import SinkSettings
 from receiver.errors import UnknownEvent
 from receiver.logs import get_logger, redact_url
 from receiver.metrics import Metrics
-from receiver.store.base import EventRecord, Store
+from receiver.store.base import Store
 from receiver.store.browse import Cursor
+from receiver.store.records import EventRecord
 from receiver.watchdog import Watchdog
 from receiver.web.filters import DELIVERY_STATES, BadFilter, parse_events_request
 from receiver.web.lanes import DeliveryRates, gauge_counts, lane_rows

@@ -18,7 +18,7 @@ import urllib.request
 import pytest
 
 from receiver.metrics import SINK_OUTCOMES, WEBHOOK_OUTCOMES
-from receiver.store.base import EVENT_STATES
+from receiver.store.records import EVENT_STATES
 from tests.deploy.promql import exposed_names, matchers, metric_names
 from tests.deploy.support import DEPLOY, Background, run_tool
 from tests.support.helpers import ROOT, free_port, write_config

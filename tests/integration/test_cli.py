@@ -9,7 +9,7 @@ import pytest
 from receiver.app import Runtime
 from receiver.config import parse_settings
 from receiver.signature import verify
-from receiver.store.base import NewEvent
+from receiver.store.records import NewEvent
 from tests.support.cli import assert_one_clean_line, run_cli
 from tests.support.helpers import ROOT, free_port, write_config
 

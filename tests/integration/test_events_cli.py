@@ -18,7 +18,7 @@ import pytest
 from receiver.cli import main
 from receiver.config import parse_settings
 from receiver.store import open_store
-from receiver.store.base import NewEvent, Outcome
+from receiver.store.records import NewEvent, Outcome
 from tests.support.helpers import write_config
 
 SECRET = "whsec_events_cli"

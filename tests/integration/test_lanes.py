@@ -198,8 +198,8 @@ async def test_an_expired_file_url_fetches_that_asset_again_not_the_job(
 async def test_deliveries_to_a_sink_no_longer_configured_are_dead(
     aiohttp_client, tmp_path, upstream, captures
 ):
-    from receiver.store.base import NewEvent, Snapshot
     from receiver.store.memory import MemoryStore
+    from receiver.store.records import NewEvent, Snapshot
 
     one = await captures()
     store = MemoryStore()

@@ -17,10 +17,10 @@ import pytest
 
 from receiver.errors import StoreUnavailable, UnknownEvent
 from receiver.store import NewEvent, Outcome
-from receiver.store.base import Snapshot
 from receiver.store.lanes_model import LanePolicy
 from receiver.store.postgres import CHANNEL, SCHEMA_VERSION, PostgresStore
 from receiver.store.pull import outcome_key
+from receiver.store.records import Snapshot
 from tests.support.helpers import free_port, wait_for
 from tests.support.postgres import (
     POSTGRES_URL,

@@ -25,7 +25,7 @@ from receiver.app import Runtime
 from receiver.config import parse_settings
 from receiver.pull.reconcile import Reconciler
 from receiver.signature import webhook_headers
-from receiver.store.base import EventRecord
+from receiver.store.records import EventRecord
 from tests.support.helpers import wait_for
 from tests.support.peers import Capture
 from tests.support.pull import API_KEY, SECRET, idle, metric, receiver_config, send_webhook

@@ -98,7 +98,7 @@ async def test_the_checkpointer_syncs_the_pages_it_copies(
 ) -> None:
     """Pages a background checkpoint copied are synced by it, off the commit path, not left for
     the writer's WAL-restarting checkpoint to flush while intake waits."""
-    from receiver.store import sqlite_checkpoints
+    from receiver.store.sqlite import checkpoints as sqlite_checkpoints
 
     synced: list[str] = []
     real = sqlite_checkpoints.os.fdatasync

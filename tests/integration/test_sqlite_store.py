@@ -19,9 +19,10 @@ import pytest
 from receiver.config import StoreSettings
 from receiver.errors import ConfigError, StoreUnavailable
 from receiver.store import NewEvent, open_store
-from receiver.store import sqlite as sqlite_module
 from receiver.store.memory import MemoryStore
 from receiver.store.sqlite import SCHEMA_VERSION, SqliteStore, sqlite_path
+from receiver.store.sqlite import schema as sqlite_schema
+from receiver.store.sqlite import sql as sqlite_sql
 
 T0 = 1_700_000_000.0
 
@@ -229,16 +230,16 @@ async def test_claim_and_prune_use_their_indexes(tmp_path: Path) -> None:
         lane = {**claim, "sink": "alpha"}
         plans = {
             "enrich": conn.execute(
-                "EXPLAIN QUERY PLAN " + sqlite_module.CLAIM_ENRICHMENT, claim
+                "EXPLAIN QUERY PLAN " + sqlite_sql.CLAIM_ENRICHMENT, claim
             ).fetchall(),
             "claim": conn.execute(
-                "EXPLAIN QUERY PLAN " + sqlite_module.CLAIM_DELIVERIES, lane
+                "EXPLAIN QUERY PLAN " + sqlite_sql.CLAIM_DELIVERIES, lane
             ).fetchall(),
             "prune": conn.execute(
-                "EXPLAIN QUERY PLAN " + sqlite_module.PRUNE_BATCH, (1.0, 10)
+                "EXPLAIN QUERY PLAN " + sqlite_sql.PRUNE_BATCH, (1.0, 10)
             ).fetchall(),
             "add": conn.execute(
-                "EXPLAIN QUERY PLAN " + sqlite_module.SELECT_STORED, ('["a"]', '["k"]')
+                "EXPLAIN QUERY PLAN " + sqlite_sql.SELECT_STORED, ('["a"]', '["k"]')
             ).fetchall(),
         }
     finally:
@@ -434,7 +435,7 @@ async def test_a_version_1_inbox_keeps_its_events_and_enriches_the_pending_ones(
     path = tmp_path / "inbox.db"
     conn = sqlite3.connect(path)
     try:
-        for statement in sqlite_module.SCHEMA_V1:
+        for statement in sqlite_schema.SCHEMA_V1:
             conn.execute(statement)
         conn.execute(V1_EVENT, ("ev-1", T0, "pending", T0 + 5, "old-worker", T0 + 60))
         conn.execute(V1_DELIVERY, ("ev-1", "alpha", "done", 1, None, None, T0))

@@ -18,9 +18,9 @@ import pytest
 from receiver.config import StoreSettings
 from receiver.errors import PayloadError, StoreError, StoreUnavailable, UnknownEvent
 from receiver.store import Outcome, Store, rules
-from receiver.store.base import DeliveryState, Snapshot
 from receiver.store.lanes_model import DeliveryKey, LanePolicy, LaneResult, LaneStats, Leases
 from receiver.store.memory import MemoryStore
+from receiver.store.records import DeliveryState, Snapshot
 from receiver.store.sqlite import SqliteStore
 from tests.support.postgres import fresh_schema, require_postgres, store_settings
 from tests.support.store_cases import ODD_IDS, T0, UNSTORABLE_IDS, new_event, states

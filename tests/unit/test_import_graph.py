@@ -1,20 +1,18 @@
-"""The modules of ``receiver/`` import each other without a cycle.
+"""The modules of ``receiver/`` import each other without a cycle, and so do its packages.
 
 The graph is read from the source (``ast``), not by importing, so a cycle that happens to work
-at runtime today (because of import order) still fails here. What counts as an edge:
-
-- module-level ``import``/``from ... import`` statements, including those inside ``try``/``if``
-  blocks at module level: they run when the module is imported;
-- ``from pkg import name`` is an edge to ``pkg.name`` when that is a module, else to ``pkg``.
-
-What does not count:
-
-- imports under ``if TYPE_CHECKING:``: they never run, they only name types for mypy;
-- imports inside functions and methods: they run late, on purpose (optional extras, the
-  command bodies that load only what they need).
+at runtime today (because of import order, or because one side imports only for type checking
+or only inside a function) still fails here. Every ``import``/``from ... import`` counts,
+wherever it stands: at module level, under ``if TYPE_CHECKING:`` (a reader still has to hold both
+modules to understand either), inside functions. ``from pkg import name`` is an edge to
+``pkg.name`` when that is a module, else to ``pkg``.
 
 A parent package's ``__init__`` is not added as an implicit edge; the package ``__init__``
 modules here are thin and import nothing that could close a circle.
+
+Above the modules, the *rooms* of a package (its modules and its subpackages, each subpackage
+taken whole) must not form a circle either: a module that imports a room built on it reaches up
+into a layer above its own.
 """
 
 from __future__ import annotations
@@ -35,26 +33,11 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
-def module_level_imports(body: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Import statements run at import time: not in functions, classes or TYPE_CHECKING."""
-    for node in body:
+def all_imports(tree: ast.Module) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement of a module, wherever it stands."""
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import | ast.ImportFrom):
             yield node
-        elif isinstance(node, ast.If):
-            if not is_type_checking(node.test):
-                yield from module_level_imports(node.body)
-            yield from module_level_imports(node.orelse)
-        elif isinstance(node, ast.Try):
-            for block in (node.body, node.orelse, node.finalbody):
-                yield from module_level_imports(block)
-            for handler in node.handlers:
-                yield from module_level_imports(handler.body)
 
 
 def resolve(node: ast.ImportFrom, current: str, is_package: bool) -> str:
@@ -72,7 +55,7 @@ def import_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {name: set() for name in files}
     for name, path in files.items():
         tree = ast.parse(path.read_text(), filename=str(path))
-        for node in module_level_imports(tree.body):
+        for node in all_imports(tree):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             else:
@@ -121,7 +104,7 @@ def test_the_cycle_check_finds_a_cycle() -> None:
     assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
 
 
-def test_type_checking_imports_are_not_edges() -> None:
+def test_type_checking_and_function_imports_are_edges() -> None:
     tree = ast.parse(
         "from typing import TYPE_CHECKING\n"
         "import receiver.config\n"
@@ -130,8 +113,57 @@ def test_type_checking_imports_are_not_edges() -> None:
         "def f():\n"
         "    import receiver.cli\n"
     )
-    names = [a.name for n in module_level_imports(tree.body) for a in n.names]
-    assert names == ["TYPE_CHECKING", "receiver.config"]
+    names = [a.name for n in all_imports(tree) for a in n.names]
+    assert names == ["TYPE_CHECKING", "receiver.config", "receiver.app", "receiver.cli"]
+
+
+def rooms(graph: dict[str, set[str]], package: str) -> dict[str, set[str]]:
+    """The graph of ``package``'s rooms: each module or subpackage directly inside it, with the
+    rooms it imports (an import of a room's module is an import of the room)."""
+    depth = package.count(".") + 1
+
+    def room(module: str) -> str | None:
+        parts = module.split(".")
+        if not module.startswith(package + ".") or len(parts) <= depth:
+            return None
+        return ".".join(parts[: depth + 1])
+
+    out: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        if (here := room(module)) is None:
+            continue
+        out.setdefault(here, set())
+        for target in targets:
+            there = room(target)
+            if there is not None and there != here:
+                out[here].add(there)
+                out.setdefault(there, set())
+    return out
+
+
+def test_the_store_packages_import_each_other_without_a_cycle() -> None:
+    """``receiver.store``: the backends stand on the interface, the interface on the model."""
+    graph = rooms(import_graph(), "receiver.store")
+    assert {"receiver.store.sqlite", "receiver.store.records"} <= set(graph)
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle between rooms: " + " -> ".join(cycle or [])
+
+
+def test_the_store_model_imports_nothing_above_it() -> None:
+    """The records, the query and lane types and the rules: modules that build only on each
+    other, never on the interface or a backend."""
+    model = {
+        "receiver.store.records": set(),
+        "receiver.store.asset_ledger": set(),
+        "receiver.store.pull": set(),
+        "receiver.store.lanes_model": {"receiver.store.records"},
+        "receiver.store.browse": {"receiver.store.records"},
+        "receiver.store.rules": {"receiver.store.records", "receiver.store.lanes_model"},
+    }
+    graph = import_graph()
+    for name, allowed in model.items():
+        store_imports = {t for t in graph[name] if t.startswith("receiver.store")}
+        assert store_imports <= allowed, f"{name} imports {store_imports - allowed}"
 
 
 def test_the_event_model_depends_on_nothing_in_receiver() -> None:

@@ -7,8 +7,8 @@ import pytest
 from receiver.errors import NotReady, PermanentError, TransientError, UrlRefused
 from receiver.lanes import burst_for, lane_result
 from receiver.store import rules
-from receiver.store.base import Outcome
 from receiver.store.lanes_model import LanePolicy, LaneResult, LaneState
+from receiver.store.records import Outcome
 
 T0 = 1_700_000_000.0
 

@@ -3,7 +3,7 @@
 Kept apart from :mod:`receiver.store.sqlite`: the watch list and the job-outcome ledger have
 their own tables (:data:`PULL_SCHEMA`, one migration) and their own statements. Only the
 outcome check inside ``add_event`` lives with the event inserts
-(:mod:`receiver.store.sqlite_intake`).
+(:mod:`receiver.store.sqlite.intake`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from receiver.store.pull import (
     next_poll,
     watch_records,
 )
-from receiver.store.sqlite_mixin import SqliteMixin
+from receiver.store.sqlite.mixin import SqliteMixin
 
 CREATE_WATCHES = """
 CREATE TABLE watches (
@@ -51,7 +51,7 @@ CREATE TABLE job_outcomes (
 ) WITHOUT ROWID
 """
 
-# The migration's statements; receiver.store.sqlite_schema adds the user_version it brings.
+# The migration's statements; receiver.store.sqlite.schema adds the user_version it brings.
 PULL_SCHEMA: tuple[str, ...] = (
     CREATE_WATCHES,
     CREATE_INDEX_WATCHES_DUE,
@@ -110,7 +110,7 @@ SELECT key, upstream_time FROM asset_ledger WHERE key IN (SELECT value FROM json
 SELECT_OUTCOMES = """
 SELECT key, source FROM job_outcomes WHERE key IN (SELECT value FROM json_each(?))
 """
-# Followed by one OUTCOME_ROW per outcome (receiver.store.sqlite_intake writes them in one go).
+# Followed by one OUTCOME_ROW per outcome (receiver.store.sqlite.intake writes them in one go).
 INSERT_OUTCOMES_HEAD = "INSERT INTO job_outcomes (key, event_id, source, created_at) VALUES "
 OUTCOME_ROW = "(?, ?, ?, ?)"
 

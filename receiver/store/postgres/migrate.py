@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 from receiver.config import StoreSettings
 from receiver.errors import StoreUnavailable
 from receiver.logs import get_logger
-from receiver.store.postgres_errors import _DB_ERRORS
-from receiver.store.postgres_schema import (
+from receiver.store.postgres.errors import _DB_ERRORS
+from receiver.store.postgres.schema import (
     CREATE_MIGRATIONS_TABLE,
     CURRENT_SCHEMA,
     MIGRATION_LOCK,

@@ -8,7 +8,6 @@ from typing import Any
 from receiver.errors import UnknownEvent
 from receiver.store import rules
 from receiver.store.asset_ledger import LedgerEntry
-from receiver.store.base import EventRecord, EventState, Outcome, Snapshot
 from receiver.store.lanes_model import (
     LaneClaim,
     LanePolicy,
@@ -18,10 +17,10 @@ from receiver.store.lanes_model import (
     lane_row,
     leased,
 )
-from receiver.store.postgres_mixin import PostgresMixin
-from receiver.store.postgres_pull import RECORD_ASSETS
-from receiver.store.postgres_pull import command_count as _count
-from receiver.store.postgres_sql import (
+from receiver.store.postgres.mixin import PostgresMixin
+from receiver.store.postgres.pull import RECORD_ASSETS
+from receiver.store.postgres.pull import command_count as _count
+from receiver.store.postgres.sql import (
     CHANNEL,
     CLAIM_DELIVERIES,
     CLAIM_ENRICHMENT,
@@ -46,6 +45,7 @@ from receiver.store.postgres_sql import (
     _recompute,
     _records,
 )
+from receiver.store.records import EventRecord, EventState, Outcome, Snapshot
 
 
 class PostgresLanes(PostgresMixin):

@@ -13,8 +13,8 @@ the connection it happened on; the next transaction reconnects, so the store hea
 fault clears.
 
 This module holds the connections, transactions and intake; the rest of :class:`SqliteStore`
-comes from mixins: ``sqlite_lanes``, ``sqlite_browse``, ``sqlite_checkpoints``, ``sqlite_pull``
-(schema in ``sqlite_schema``, statements in ``sqlite_sql``).
+comes from mixins: :mod:`.lanes`, :mod:`.browse`, :mod:`.checkpoints`, :mod:`.pull` (schema in
+:mod:`.schema`, statements in :mod:`.sql`), each named as its twin in the other backends.
 """
 
 from __future__ import annotations
@@ -31,22 +31,22 @@ import aiosqlite
 from receiver.config import StoreSettings
 from receiver.errors import ConfigError, StoreUnavailable
 from receiver.store import rules
-from receiver.store.base import NewEvent
 from receiver.store.batching import GroupCommit
 from receiver.store.pull import outcome_key
-from receiver.store.sqlite_browse import SqliteBrowse
-from receiver.store.sqlite_checkpoints import SqliteCheckpoints
-from receiver.store.sqlite_faults import (
+from receiver.store.records import NewEvent
+from receiver.store.sqlite.browse import SqliteBrowse
+from receiver.store.sqlite.checkpoints import SqliteCheckpoints
+from receiver.store.sqlite.faults import (
     _DB_ERRORS,
     _ITEM_ERRORS,
     _close_quietly,
     _is_busy,
     _unavailable,
 )
-from receiver.store.sqlite_intake import _Add, write_group
-from receiver.store.sqlite_lanes import SqliteLanes
-from receiver.store.sqlite_pull import SqlitePull
-from receiver.store.sqlite_schema import (
+from receiver.store.sqlite.intake import _Add, write_group
+from receiver.store.sqlite.lanes import SqliteLanes
+from receiver.store.sqlite.pull import SqlitePull
+from receiver.store.sqlite.schema import (
     BEGIN_READ,
     BEGIN_WRITE,
     CHECKPOINT,
@@ -63,32 +63,10 @@ from receiver.store.sqlite_schema import (
     PRAGMA_USER_VERSION,
     PRAGMA_WAL,
     ROLLBACK,
-    SCHEMA_V1,
     SCHEMA_VERSION,
 )
-from receiver.store.sqlite_sql import (
-    CHECKPOINT_EVERY_ITEMS,
-    CLAIM_DELIVERIES,
-    CLAIM_ENRICHMENT,
-    PING,
-    PRUNE_BATCH,
-    ROWS_PER_STATEMENT,
-    SELECT_STORED,
-)
-from receiver.store.writer_turns import WriterTurns
-
-# Names other modules, tests and benchmarks read from here.
-__all__ = [
-    "CLAIM_DELIVERIES",
-    "CLAIM_ENRICHMENT",
-    "MIGRATIONS",
-    "PRUNE_BATCH",
-    "SCHEMA_V1",
-    "SCHEMA_VERSION",
-    "SELECT_STORED",
-    "SqliteStore",
-    "sqlite_path",
-]
+from receiver.store.sqlite.sql import CHECKPOINT_EVERY_ITEMS, PING, ROWS_PER_STATEMENT
+from receiver.store.sqlite.writer_turns import WriterTurns
 
 T = TypeVar("T")
 
@@ -118,8 +96,8 @@ class SqliteStore(SqliteLanes, SqliteBrowse, SqliteCheckpoints, SqlitePull):
     - *work*: claims, settles, leases, redeliveries and prunes, each its own short transaction.
     - *read*: query-only snapshots for get, list and counts (WAL readers never wait for writers).
 
-    Write transactions take turns (:class:`~receiver.store.writer_turns.WriterTurns`, with the
-    other processes writing the file too), so writers are not left sleeping in SQLite's busy
+    Write transactions take turns (:class:`~.writer_turns.WriterTurns`, with the other
+    processes writing the file too), so writers are not left sleeping in SQLite's busy
     handler; ``busy_timeout`` is how long a write waits for another process's lock before
     raising StoreUnavailable. Checkpoints (copying the WAL back into the
     database file, and its fsync) run on a fourth connection, off the commit path.

@@ -11,7 +11,6 @@ import aiosqlite
 from receiver.errors import UnknownEvent
 from receiver.store import rules
 from receiver.store.asset_ledger import LedgerEntry
-from receiver.store.base import EventRecord, EventState, Outcome, Snapshot
 from receiver.store.lanes_model import (
     LaneClaim,
     LanePolicy,
@@ -21,9 +20,10 @@ from receiver.store.lanes_model import (
     lane_row,
     leased,
 )
-from receiver.store.sqlite_mixin import SqliteMixin
-from receiver.store.sqlite_pull import RECORD_ASSET
-from receiver.store.sqlite_sql import (
+from receiver.store.records import EventRecord, EventState, Outcome, Snapshot
+from receiver.store.sqlite.mixin import SqliteMixin
+from receiver.store.sqlite.pull import RECORD_ASSET
+from receiver.store.sqlite.sql import (
     CLAIM_DELIVERIES,
     CLAIM_ENRICHMENT,
     EXTEND_DELIVERY_LEASE,

@@ -6,7 +6,6 @@ from typing import TYPE_CHECKING
 
 from receiver.errors import UnknownEvent
 from receiver.store import rules
-from receiver.store.base import DeliveryRecord
 from receiver.store.browse import (
     Cursor,
     DeadGroup,
@@ -17,7 +16,8 @@ from receiver.store.browse import (
     lane_counts,
     matches,
 )
-from receiver.store.memory_records import MemoryEvent, reset_deliveries
+from receiver.store.memory.records import MemoryEvent, reset_deliveries
+from receiver.store.records import DeliveryRecord
 
 
 class MemoryBrowse:

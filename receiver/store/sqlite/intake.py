@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -14,11 +13,11 @@ from typing import Any
 
 import aiosqlite
 
-from receiver.errors import PayloadError
+from receiver.store import rules
 from receiver.store.pull import admit
-from receiver.store.sqlite_faults import _ITEM_ERRORS, _unavailable
-from receiver.store.sqlite_pull import INSERT_OUTCOMES_HEAD, OUTCOME_ROW
-from receiver.store.sqlite_schema import (
+from receiver.store.sqlite.faults import _ITEM_ERRORS, _unavailable
+from receiver.store.sqlite.pull import INSERT_OUTCOMES_HEAD, OUTCOME_ROW
+from receiver.store.sqlite.schema import (
     BEGIN_WRITE,
     COMMIT,
     RELEASE_SAVEPOINT,
@@ -26,7 +25,7 @@ from receiver.store.sqlite_schema import (
     ROLLBACK_SAVEPOINT,
     SAVEPOINT,
 )
-from receiver.store.sqlite_sql import (
+from receiver.store.sqlite.sql import (
     DELIVERY_ROW,
     EVENT_ROW,
     INSERT_DELIVERIES_HEAD,
@@ -50,16 +49,6 @@ def _insert_rows(
         conn.execute(_rows_statement(head, row, len(chunk)), params)
 
 
-# What the inbox cannot keep in an event's id, name or job id. NUL: the group's look for stored
-# ids and outcome keys passes them as one JSON array to json_each, and SQLite's JSON functions
-# end a string at an escaped NUL ("a\u0000b" comes back as "a"), so the look would miss such an
-# id while the unique index, comparing the whole value, refuses it again: each retry of a stored
-# event would fail instead of being a duplicate (and every other statement that takes a list of
-# ids through json_each would miss it too). Postgres text cannot hold NUL at all. A lone
-# surrogate cannot be encoded for either. Every store refuses these alike, with PayloadError.
-_UNSTORABLE = re.compile(r"[\x00\ud800-\udfff]")
-
-
 @dataclass(slots=True)
 class _Add:
     row: tuple[Any, ...]
@@ -68,15 +57,8 @@ class _Add:
     outcome: tuple[str, str, str, float] | None = None
 
     def __post_init__(self) -> None:
-        # Built in the caller's task (SqliteStore.add_event), so the refusal is its own alone;
-        # for an ASCII value (every UUID) the test is one scan for NUL.
-        for value in self.row[:3]:  # id, event, job_id
-            if not isinstance(value, str):
-                continue  # SQLite refuses it alone, in the group's write
-            if ("\x00" in value) if value.isascii() else bool(_UNSTORABLE.search(value)):
-                raise PayloadError(
-                    "an event id, name or job id cannot hold NUL or a lone surrogate"
-                )
+        # Built in the caller's task (SqliteStore.add_event), so the refusal is its own alone.
+        rules.refuse_unstorable(self.row[:3])  # id, event, job_id
 
     @property
     def id(self) -> str:

@@ -4,7 +4,7 @@ statements of :mod:`receiver.store.sqlite`.
 
 from __future__ import annotations
 
-from receiver.store.sqlite_pull import ASSET_LEDGER_SCHEMA, PULL_SCHEMA
+from receiver.store.sqlite.pull import ASSET_LEDGER_SCHEMA, PULL_SCHEMA
 
 CREATE_EVENTS = """
 CREATE TABLE events (
@@ -96,7 +96,7 @@ SCHEMA_V3_BROWSE: tuple[str, ...] = (
     "PRAGMA user_version = 3",
 )
 
-# Version 4: the watch list and the job-outcome ledger of pull mode (receiver.store.sqlite_pull).
+# Version 4: the watch list and the job-outcome ledger of pull mode (receiver.store.sqlite.pull).
 SCHEMA_V4_PULL: tuple[str, ...] = (*PULL_SCHEMA, "PRAGMA user_version = 4")
 
 # Version 5: the asset ledger reconcile judges each asset by (receiver.store.asset_ledger).

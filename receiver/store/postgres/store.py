@@ -24,8 +24,8 @@ replaces broken connections on the next use, so the store heals by itself once P
 again (after a restart, a failover or a dropped connection).
 
 This module holds the pool, intake and LISTEN; the rest of :class:`PostgresStore` comes from
-mixins: ``postgres_lanes``, ``postgres_browse``, ``postgres_migrate``, ``postgres_pull``
-(schema in ``postgres_schema``, statements in ``postgres_sql``).
+mixins: :mod:`.lanes`, :mod:`.browse`, :mod:`.migrate`, :mod:`.pull` (schema in :mod:`.schema`,
+statements in :mod:`.sql`), each named as its twin in the other backends.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import re
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
@@ -41,29 +40,19 @@ from urllib.parse import parse_qs, urlsplit
 import asyncpg
 
 from receiver.config import StoreSettings
-from receiver.errors import PayloadError, StoreUnavailable
+from receiver.errors import StoreUnavailable
 from receiver.logs import get_logger, redact_url
 from receiver.store import rules
-from receiver.store.base import NewEvent
 from receiver.store.batching import GroupCommit
-from receiver.store.postgres_browse import PostgresBrowse
-from receiver.store.postgres_errors import _CONFLICTS, _DB_ERRORS
-from receiver.store.postgres_lanes import PostgresLanes
-from receiver.store.postgres_migrate import MigrationReport, PostgresMigrations
-from receiver.store.postgres_pull import PostgresPull
-from receiver.store.postgres_schema import MIGRATIONS, SCHEMA_VERSION, Migration, _quote_ident
-from receiver.store.postgres_sql import ADD_EVENTS, CHANNEL, PING
+from receiver.store.postgres.browse import PostgresBrowse
+from receiver.store.postgres.errors import _CONFLICTS, _DB_ERRORS
+from receiver.store.postgres.lanes import PostgresLanes
+from receiver.store.postgres.migrate import PostgresMigrations
+from receiver.store.postgres.pull import PostgresPull
+from receiver.store.postgres.schema import _quote_ident
+from receiver.store.postgres.sql import ADD_EVENTS, CHANNEL, PING
 from receiver.store.pull import outcome_key
-
-# Names other modules and tests read from here.
-__all__ = [
-    "CHANNEL",
-    "MIGRATIONS",
-    "SCHEMA_VERSION",
-    "Migration",
-    "MigrationReport",
-    "PostgresStore",
-]
+from receiver.store.records import NewEvent
 
 T = TypeVar("T")
 
@@ -79,10 +68,8 @@ LISTEN_HEALTH_SECONDS = 30.0
 MAX_GROUP = 500
 GROUP_WRITERS = 2
 #: Statements a group's events get at most: an event is judged again only when another
-#: transaction claimed its job outcome during the statement (see postgres_sql.ADD_EVENTS).
+#: transaction claimed its job outcome during the statement (see .sql.ADD_EVENTS).
 JUDGING_ROUNDS = 3
-#: What an event's id, name or job id cannot hold here (see PostgresStore.add_event).
-_UNSTORABLE = re.compile(r"[\x00\ud800-\udfff]")
 
 
 class PostgresStore(PostgresLanes, PostgresBrowse, PostgresMigrations, PostgresPull):
@@ -257,14 +244,8 @@ class PostgresStore(PostgresLanes, PostgresBrowse, PostgresMigrations, PostgresP
     async def add_event(self, event: NewEvent) -> bool:
         if self._pool is None:
             raise StoreUnavailable("the inbox is not open")
-        # Postgres text holds no NUL, and no UTF-8 a lone surrogate: refused here, in the
-        # caller's task, as every store refuses them (see receiver.store.sqlite_intake). In the
-        # group's one statement such a value would fail every event of the group, each time.
-        for value in (event.id, event.event, event.job_id):
-            if ("\x00" in value) if value.isascii() else bool(_UNSTORABLE.search(value)):
-                raise PayloadError(
-                    "an event id, name or job id cannot hold NUL or a lone surrogate"
-                )
+        # Refused here, in the caller's task: in the group's one statement it would fail them all.
+        rules.refuse_unstorable((event.id, event.event, event.job_id))
         return await self._adds.submit(event)
 
     async def _write_adds(self, events: list[NewEvent]) -> list[bool | BaseException]:

@@ -7,14 +7,14 @@ from typing import Any
 
 from receiver.errors import UnknownEvent
 from receiver.store import rules
-from receiver.store.base import (
+from receiver.store.lanes_model import LanePolicy, LaneResult, LaneState, Leases, lane_row
+from receiver.store.records import (
     DELIVERY_COLUMNS,
     EVENT_COLUMNS,
     EventRecord,
     EventState,
     event_records,
 )
-from receiver.store.lanes_model import LanePolicy, LaneResult, LaneState, Leases, lane_row
 
 #: One channel for every receiver in a database; the payload names the schema that changed.
 CHANNEL = "receiver_new_events"

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from receiver.store import rules
-from receiver.store.base import (
+from receiver.store.records import (
     DeliveryRecord,
     DeliveryState,
     EventRecord,

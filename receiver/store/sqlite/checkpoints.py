@@ -12,16 +12,16 @@ from typing import TYPE_CHECKING, Any
 import aiosqlite
 
 from receiver.errors import StoreUnavailable
-from receiver.store.sqlite_faults import _DB_ERRORS, _close_quietly
-from receiver.store.sqlite_schema import CHECKPOINT, CHECKPOINT_TRUNCATE, PRAGMA_SETTINGS
-from receiver.store.sqlite_sql import (
+from receiver.store.sqlite.faults import _DB_ERRORS, _close_quietly
+from receiver.store.sqlite.schema import CHECKPOINT, CHECKPOINT_TRUNCATE, PRAGMA_SETTINGS
+from receiver.store.sqlite.sql import (
     CHECKPOINT_INTERVAL_SECONDS,
     CHECKPOINT_RETRY_SECONDS,
     WAL_RESTART_PAGES,
 )
 
 if TYPE_CHECKING:
-    from receiver.store.writer_turns import WriterTurns
+    from receiver.store.sqlite.writer_turns import WriterTurns
 
 
 class SqliteCheckpoints:

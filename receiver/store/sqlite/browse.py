@@ -7,7 +7,6 @@ import json
 import aiosqlite
 
 from receiver.errors import UnknownEvent
-from receiver.store.base import EVENT_STATES, EventRecord
 from receiver.store.browse import (
     COUNTS,
     Cursor,
@@ -20,8 +19,9 @@ from receiver.store.browse import (
     delivery_records,
     lane_counts,
 )
-from receiver.store.sqlite_mixin import SqliteMixin
-from receiver.store.sqlite_sql import (
+from receiver.store.records import EVENT_STATES, EventRecord
+from receiver.store.sqlite.mixin import SqliteMixin
+from receiver.store.sqlite.sql import (
     DEAD_GROUPS,
     DEAD_SAMPLES,
     DELIVERY_STATE,

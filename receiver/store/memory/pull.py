@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from receiver.store.asset_ledger import LedgerEntry
-from receiver.store.base import NewEvent
 from receiver.store.pull import WatchRecord, WatchState, admit, next_poll, outcome_key
+from receiver.store.records import NewEvent
 
 
 @dataclass

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import itertools
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from receiver.config import StoreSettings
-from receiver.errors import PayloadError, StoreUnavailable, UnknownEvent
+from receiver.errors import StoreUnavailable, UnknownEvent
 from receiver.store import rules
 from receiver.store.asset_ledger import LedgerEntry
-from receiver.store.base import EVENT_STATES, EventRecord, EventState, NewEvent, Outcome, Snapshot
 from receiver.store.lanes_model import (
     LaneClaim,
     LanePolicy,
@@ -21,19 +19,17 @@ from receiver.store.lanes_model import (
     Leases,
     leased,
 )
-from receiver.store.memory_browse import MemoryBrowse
-from receiver.store.memory_pull import MemoryPull
-from receiver.store.memory_records import MemoryDelivery, MemoryEvent, reset_deliveries
-
-# What the SQL stores cannot keep in an event's id, name or job id (see _Add in
-# receiver.store.sqlite_intake), refused by this store too: NUL and lone surrogates.
-_UNSTORABLE = re.compile(r"[\x00\ud800-\udfff]")
-
-
-def _refuse_unstorable(event: NewEvent) -> None:
-    for value in (event.id, event.event, event.job_id):
-        if ("\x00" in value) if value.isascii() else bool(_UNSTORABLE.search(value)):
-            raise PayloadError("an event id, name or job id cannot hold NUL or a lone surrogate")
+from receiver.store.memory.browse import MemoryBrowse
+from receiver.store.memory.pull import MemoryPull
+from receiver.store.memory.records import MemoryDelivery, MemoryEvent, reset_deliveries
+from receiver.store.records import (
+    EVENT_STATES,
+    EventRecord,
+    EventState,
+    NewEvent,
+    Outcome,
+    Snapshot,
+)
 
 
 class MemoryStore(MemoryPull, MemoryBrowse):
@@ -70,7 +66,7 @@ class MemoryStore(MemoryPull, MemoryBrowse):
 
     async def add_event(self, event: NewEvent) -> bool:
         self._check()
-        _refuse_unstorable(event)
+        rules.refuse_unstorable((event.id, event.event, event.job_id))
         if event.id in self._events or not self._admit(event):
             return False
         sinks = tuple(dict.fromkeys(event.sinks))

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from receiver.errors import UnknownEvent
-from receiver.store.base import EVENT_STATES, EventRecord
 from receiver.store.browse import (
     COUNTS,
     Cursor,
@@ -19,9 +18,9 @@ from receiver.store.browse import (
     lane_counts,
     numbered,
 )
-from receiver.store.postgres_mixin import PostgresMixin
-from receiver.store.postgres_pull import command_count as _count
-from receiver.store.postgres_sql import (
+from receiver.store.postgres.mixin import PostgresMixin
+from receiver.store.postgres.pull import command_count as _count
+from receiver.store.postgres.sql import (
     CHANNEL,
     DEAD_GROUPS,
     DEAD_SAMPLES,
@@ -45,6 +44,7 @@ from receiver.store.postgres_sql import (
     _recompute,
     _with_deliveries,
 )
+from receiver.store.records import EVENT_STATES, EventRecord
 
 
 async def _redelivered(conn: Any, event_ids: list[str], now: float, schema: str) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from receiver.store.postgres_mixin import PostgresMixin
+from receiver.store.postgres.mixin import PostgresMixin
 from receiver.store.pull import (
     BACKFILL_JOB_OUTCOMES,
     REARM_WATCH,

@@ -10,14 +10,14 @@ import aiosqlite
 
 from receiver.errors import UnknownEvent
 from receiver.store import rules
-from receiver.store.base import (
+from receiver.store.lanes_model import LanePolicy, LaneState
+from receiver.store.records import (
     DELIVERY_COLUMNS,
     EVENT_COLUMNS,
     EventRecord,
     EventState,
     event_records,
 )
-from receiver.store.lanes_model import LanePolicy, LaneState
 
 # Lists of ids travel as one JSON array parameter, so every statement stays a fixed string.
 # Intake's one look before a group's inserts, one statement for both tables: (0, id, NULL) for

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from receiver.store.postgres_pull import ASSET_LEDGER_SCHEMA, PULL_SCHEMA
+from receiver.store.postgres.pull import ASSET_LEDGER_SCHEMA, PULL_SCHEMA
 
 # Times are unix seconds (double precision), as in the Store interface. Ids and sink names use
 # the "C" collation: byte order, as SQLite and Python sort them.
