@@ -1,8 +1,8 @@
 """Before ``--until-done`` stops the API: wait for the receiver to fetch what it was told about.
 
 A 2xx means the receiver has *stored* an event; it fetches the job and its assets afterwards
-(the contract: ``GET /jobs/{id}``, then ``GET /assets/{id}`` for each asset id of a
-``job.completed``, then the files). Stopping the API at the last 2xx would leave those fetches
+(the contract: ``GET /jobs/{id}``, then ``GET /assets/{id}`` for each asset id a
+``job.completed`` names, then the files). Stopping the API at the last 2xx would leave those fetches
 failing and the events retrying, or dead. So the simulation keeps serving until every delivered
 event's job (finished) and assets (completed) have been fetched and the API has been quiet for
 :data:`QUIET_SECONDS` (the file downloads that follow), or until the API has been quiet for
@@ -38,7 +38,9 @@ def unfetched(sim: SimulatorState, sender: WebhookSender) -> int:
             continue
         needs = [f"job:{job.id}"]
         if job.outcome != "failed":
-            needs += [f"asset:{asset_id}" for asset_id in job.asset_ids.values()]
+            # The assets its webhook named (a body may name none: then the job's urls serve).
+            named = sim.payload_for(job.id).get("asset_ids") or {}
+            needs += [f"asset:{asset_id}" for asset_id in named.values()]
         if not sim.fetched.issuperset(needs):
             missing += 1
     return missing

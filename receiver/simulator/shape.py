@@ -37,6 +37,8 @@ DEFAULT_SHAPE: ShapeName = "mixed"
 #: What ``mixed`` decides for a field: keep it, make it null, or leave it out.
 PRESENT, NULL, ABSENT = "present", "null", "absent"
 
+#: The webhook body's fields the spec guarantees.
+GUARANTEED_EVENT_FIELDS = ("id", "object", "event", "job_id")
 #: The webhook body's fields beyond the four guaranteed ones.
 EVENT_OPTIONAL = ("type", "mascot_id", "asset_ids", "urls", "timestamp")
 #: Job fields that are optional (and nullable, except ``urls``); ``collection_id`` is required
@@ -146,8 +148,8 @@ class Shape:
         """A webhook body as this shape sends it: sometimes only the guaranteed four fields."""
         object_id = str(body.get("id"))
         if self.name == "minimal" or self.chance(object_id, "minimal-event", 0.25):
-            body = {key: body[key] for key in ("id", "object", "event", "job_id")}
-            return self.with_extras(body, object_id)
+            kept = {f for (kind, f), how in self.pinned.items() if kind == "event" and how != ABSENT}
+            body = {k: v for k, v in body.items() if k in GUARANTEED_EVENT_FIELDS or k in kept}
         return self.apply("event", body, object_id, optional=EVENT_OPTIONAL)
 
     def page_limit(self, object_id: str, requested: int) -> int:

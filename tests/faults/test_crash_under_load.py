@@ -20,11 +20,11 @@ import aiohttp
 
 from receiver.faults import ENV_VAR, EXIT_CODE
 from receiver.simulator import Simulator
+from tests.support.expect import expected_files
 from tests.support.faults import (
     SlowPeers,
     client_session,
     db_rows,
-    expected_files,
     final_files,
     post_until_2xx,
     receiver_config,

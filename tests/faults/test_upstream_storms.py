@@ -18,7 +18,8 @@ import pytest
 from receiver.app import Runtime
 from receiver.simulator import Simulator
 from receiver.upstream import ASSET_ENDPOINT, JOB_ENDPOINT
-from tests.support.faults import API_KEY, SECRET, expected_files, final_files, signed_post
+from tests.support.expect import expected_files
+from tests.support.faults import API_KEY, SECRET, final_files, signed_post
 from tests.support.helpers import wait_for
 from tests.support.pipeline import download_settings
 

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from tests.support.helpers import ReceiverProcess, free_port, post_webhook, wait_for, write_config
-from tests.support.upstream import serve_upstream
+from tests.support.upstream import rely_on, serve_upstream
 
 SECRET = "whsec_crash"
 API_KEY = "service_" + "ef" * 32
@@ -54,6 +54,7 @@ async def test_killed_mid_delivery_the_event_is_delivered_after_restart(tmp_path
     try:
         await proc.wait_ready()
         upstream.latency_seconds = 30  # the worker is stuck talking to the upstream
+        rely_on(upstream, event=["asset_ids"])  # two files to wait for
         payload = upstream.add_job("image")
         url = f"http://127.0.0.1:{proc.public_port}/webhooks"
         assert await post_webhook(url, SECRET, payload) == 200
@@ -90,6 +91,7 @@ async def test_sigterm_answers_in_flight_releases_claims_and_exits_0(tmp_path, u
     try:
         await proc.wait_ready()
         upstream.latency_seconds = 30
+        rely_on(upstream, event=["asset_ids"])  # two files to wait for
         payload = upstream.add_job("image")
         url = f"http://127.0.0.1:{proc.public_port}/webhooks"
         assert await post_webhook(url, SECRET, payload) == 200

@@ -9,10 +9,11 @@ from structlog.testing import capture_logs
 
 from receiver.app import Runtime
 from receiver.config import parse_settings
+from tests.support.expect import expected_files
 from tests.support.helpers import wait_for
 from tests.support.pipeline import download_settings, settled
 from tests.support.pipeline import send as send_signed
-from tests.support.upstream import serve_upstream
+from tests.support.upstream import rely_on, serve_upstream
 
 SECRET = "whsec_pipeline"
 API_KEY = "service_" + "ab" * 32
@@ -62,6 +63,8 @@ def metric(runtime, name, labels=None):
 
 async def test_image_job_files_land_at_the_contract_path(pipeline):
     runtime, client, sim, dl = pipeline
+    # The path of a file named by the webhook's asset ids, in a job with its item name.
+    rely_on(sim, event=["asset_ids"], job=["item_name", "collection_id"])
     payload = sim.add_job("image", item_name="happy wave")
     await send(client, payload)
     record = await settled(runtime, payload["id"])
@@ -93,6 +96,7 @@ async def test_image_job_files_land_at_the_contract_path(pipeline):
 
 async def test_webhook_urls_are_never_downloaded(pipeline):
     runtime, client, sim, dl = pipeline
+    rely_on(sim, event=["asset_ids", "urls"])
     payload = sim.add_job("logo")
     payload["urls"] = {k: "http://169.254.169.254/latest/meta-data" for k in payload["urls"]}
     await send(client, payload)
@@ -104,6 +108,7 @@ async def test_webhook_urls_are_never_downloaded(pipeline):
 async def test_derived_formats_arriving_late_are_retried_not_skipped(pipeline):
     runtime, client, sim, dl = pipeline
     sim.derived_delay_seconds = 0.6
+    rely_on(sim, event=["asset_ids"])
     payload = sim.add_job("animation", item_name="dance")
     await send(client, payload)
     record = await settled(runtime, payload["id"])
@@ -120,7 +125,7 @@ async def test_job_still_processing_is_retried(pipeline):
     await send(client, payload)
     record = await settled(runtime, payload["id"])
     assert record.deliveries[0].attempts > 1
-    assert len(files_under(dl)) == 2
+    assert set(files_under(dl)) == expected_files(sim, [payload])
 
 
 @pytest.mark.parametrize("fault", ["rate_limit", "errors"])
@@ -135,7 +140,8 @@ async def test_upstream_storms_end_in_delivery(pipeline, fault):
         await send(client, payload)
     for payload in payloads:
         await settled(runtime, payload["id"], timeout=30)
-    assert len(files_under(dl)) == 10
+    assert set(files_under(dl)) == expected_files(sim, payloads)
+    assert files_under(dl)
     refused = "429" if fault == "rate_limit" else "500"
     statuses = {labels["status"] for labels in _upstream_labels(runtime)}
     assert refused in statuses
@@ -166,7 +172,7 @@ async def test_unknown_job_is_dead_then_redeliverable(pipeline, aiohttp_client):
     assert response.status == 200
     assert (await response.json())["data"]["redelivered"] == 1
     await settled(runtime, payload["id"])
-    assert len(files_under(dl)) == 2
+    assert set(files_under(dl)) == expected_files(sim, [payload])
 
 
 async def test_rejected_api_key_is_loud_retried_and_recovers(pipeline):
@@ -205,8 +211,9 @@ async def test_failed_job_event_is_processed_without_files(pipeline):
 
 async def test_job_urls_are_used_when_the_event_names_no_assets(pipeline):
     runtime, client, sim, dl = pipeline
+    rely_on(sim, job=["urls"])
     payload = sim.add_job("scene", item_name="beach")
-    del payload["asset_ids"]
+    payload.pop("asset_ids", None)
     await send(client, payload)
     await settled(runtime, payload["id"])
     names = files_under(dl)
@@ -215,6 +222,7 @@ async def test_job_urls_are_used_when_the_event_names_no_assets(pipeline):
 
 async def test_hostile_item_names_stay_inside_the_download_directory(pipeline):
     runtime, client, sim, dl = pipeline
+    rely_on(sim, event=["asset_ids"], job=["item_name"])
     payloads = [
         sim.add_job("image", item_name=name)
         for name in ("../../../etc/passwd", "/abs/path", "a\\..\\b", "nul\x00byte", "x" * 600, "..")

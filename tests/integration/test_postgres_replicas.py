@@ -19,7 +19,7 @@ import asyncpg
 import pytest
 
 from receiver.signature import webhook_headers
-from receiver.sinks.download import safe_component
+from tests.support.expect import expected_files
 from tests.support.helpers import ReceiverProcess, free_port, wait_for, write_config
 from tests.support.postgres import POSTGRES_URL, fresh_schema, require_postgres, url_with
 from tests.support.upstream import serve_upstream
@@ -78,16 +78,6 @@ def replica_config(tmp_path, n, upstream, schema):
             ],
         },
     )
-
-
-def expected_files(upstream, payloads):
-    paths = set()
-    for payload in payloads:
-        job = upstream.jobs[payload["job_id"]]
-        folder = f"{safe_component(job.collection_id)}/{safe_component(job.item_name)}"
-        for asset_type, asset_id in job.asset_ids.items():
-            paths.add(f"{folder}/{asset_type}-{asset_id}.png")
-    return paths
 
 
 async def deliveries_by_replica(session, proc):

@@ -21,6 +21,7 @@ from tests.support.pull import (
     serve_simulator,
     successes,
 )
+from tests.support.upstream import rely_on
 
 
 @pytest.fixture
@@ -82,6 +83,8 @@ def long_polls(sim):
 
 async def test_a_job_that_sends_no_webhook_is_delivered_through_its_watch(pulling, tmp_path):
     runtime, _public, ops, sim = pulling
+    # The files of a polled job come from its urls, named after the job.
+    rely_on(sim, job=["urls", "item_name", "collection_id"])
     payload = sim.add_job("image", status="processing", item_name="wave")
     job_id = payload["job_id"]
 

@@ -53,11 +53,24 @@ async def events_of(store: Store, job_id: str = JOB) -> list[str]:
 async def test_a_poll_after_a_webhook_of_the_same_outcome_is_a_duplicate(store: Store) -> None:
     assert await store.add_event(outcome("hook-1", "webhook")) is True
     assert await store.add_event(outcome("poll-1", "poll")) is False
-    assert await store.add_event(outcome("rec-1", "reconcile")) is False
     assert await events_of(store) == ["hook-1"]
     assert await store.known_outcomes([f"job.completed {JOB}", f"job.failed {JOB}"]) == {
         f"job.completed {JOB}"
     }
+
+
+async def test_a_reconcile_event_is_judged_by_its_assets_not_by_the_outcome(store: Store) -> None:
+    """Reconcile names only assets the asset ledger says no event took (a derived format that
+    finished after the webhook's event), so the held outcome does not refuse it; a webhook
+    after a reconcile that brought the outcome first is still a duplicate."""
+    assert await store.add_event(outcome("hook-1", "webhook")) is True
+    assert await store.add_event(outcome("rec-1", "reconcile")) is True
+    assert await store.add_event(outcome("rec-1", "reconcile")) is False  # its own id again
+    assert await events_of(store) == ["hook-1", "rec-1"]
+    other = "7d3e4f5a-6b7c-4d8e-9f0a-1b2c3d4e5f60"
+    assert await store.add_event(outcome("rec-2", "reconcile", job_id=other)) is True
+    assert await store.add_event(outcome("hook-2", "webhook", job_id=other)) is False
+    assert await events_of(store, other) == ["rec-2"]
 
 
 async def test_a_webhook_after_a_poll_of_the_same_outcome_is_a_duplicate(store: Store) -> None:
@@ -194,3 +207,29 @@ async def test_watches_past_their_expiry_end_expired(store: Store) -> None:
     assert await store.watch_counts() == {"expired": 1, "watching": 1}
     assert [w.job_id for w in await store.list_watches(state="expired")] == [JOB]
     assert [w.job_id for w in await store.list_watches()] == [JOB2, JOB]  # newest first
+
+
+# -- the asset ledger ---------------------------------------------------------------------------
+
+
+async def test_the_asset_ledger_is_written_with_the_snapshot_and_keeps_the_latest_time(
+    store: Store,
+) -> None:
+    from receiver.store.asset_ledger import LedgerEntry
+    from receiver.store.records import Snapshot
+
+    assert await store.add_event(outcome("hook-1", "webhook")) is True
+    assert await store.add_event(outcome("hook-2", "webhook", job_id=JOB2)) is True
+    assert await store.ledger(["asset a1"]) == {}
+    snapshot = Snapshot(job={"id": JOB, "status": "completed"}, assets=(), fetched_at=T0)
+    entries = [LedgerEntry(f"job {JOB}"), LedgerEntry("asset a1"), LedgerEntry("item i image", 5.0)]
+    await store.save_snapshot("hook-1", snapshot, ledger=entries, now=T0)
+    later = [LedgerEntry("item i image", 9.0), LedgerEntry("asset a1")]
+    await store.save_snapshot("hook-2", snapshot, ledger=later, now=T0 + 1)
+    earlier = [LedgerEntry("item i image", 7.0)]
+    await store.save_snapshot("hook-2", snapshot, ledger=earlier, now=T0 + 2)
+    assert await store.ledger([f"job {JOB}", "asset a1", "item i image", "asset other"]) == {
+        f"job {JOB}": None,
+        "asset a1": None,
+        "item i image": 9.0,
+    }

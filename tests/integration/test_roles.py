@@ -3,6 +3,7 @@
 import aiohttp
 import pytest
 
+from tests.support.expect import expected_files
 from tests.support.helpers import ReceiverProcess, free_port, post_webhook, wait_for, write_config
 from tests.support.upstream import serve_upstream
 
@@ -58,8 +59,12 @@ async def test_intake_stores_and_a_separate_worker_processes(tmp_path, upstream)
                 f"http://127.0.0.1:{worker.public_port}/webhooks", SECRET, payloads[0]
             )
 
+        expected = expected_files(upstream, payloads)
+        assert expected  # some of the shaped webhooks name files
+
         async def processed():
-            return len([p for p in (tmp_path / "downloads").rglob("*") if p.is_file()]) == 6
+            root = tmp_path / "downloads"
+            return {p.relative_to(root).as_posix() for p in root.rglob("*.png")} == expected
 
         await wait_for(processed, timeout=20, what="the worker to write every file")
         assert "Traceback" not in intake.log() + worker.log()

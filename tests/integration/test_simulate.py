@@ -19,6 +19,7 @@ from receiver.simulator.delivery import DeliveryFaults
 from receiver.simulator.run import SUMMARY_PATH, SimulateOptions, Simulation
 from receiver.simulator.summary import render_summary
 from tests.support.cli import assert_one_clean_line, run_cli
+from tests.support.expect import expected_files
 from tests.support.helpers import free_port, wait_for
 
 SECRET = "whsec_simulate"
@@ -103,10 +104,11 @@ async def test_simulated_upstream_with_faults_feeds_a_receiver_end_to_end(
 
     # Every completed job's files were downloaded despite 429s, 5xx, expired URLs and derived
     # formats finishing late; the failed jobs have none.
-    completed = [j for j in simulation.sim.jobs.values() if j.outcome == "completed"]
-    expected = sum(len(job.asset_ids) for job in completed)
-    files = [p for p in (tmp_path / "dl").rglob("*") if p.is_file()]
-    assert len(files) == expected > 0
+    sim = simulation.sim
+    expected = expected_files(sim, [sim.payload_for(job_id) for job_id in sim.jobs])
+    files = {p.relative_to(tmp_path / "dl").as_posix() for p in (tmp_path / "dl").rglob("*")}
+    assert {f for f in files if (tmp_path / "dl" / f).is_file()} == expected
+    assert expected
     assert simulation.generated == {"image": 2, "animation": 2, "logo": 2, "scene": 2, "failed": 2}
     served = summary["api"]
     refused = sum(n for route in served.values() for status, n in route.items() if status != "200")
@@ -240,7 +242,7 @@ def fetching_receiver(simulation: Simulation, *, delay: float, fetch: bool = Tru
         async with aiohttp.ClientSession() as session:
             async with session.get(f"{simulation.base_url}/jobs/{payload['job_id']}") as resp:
                 assert resp.status == 200
-            for asset_id in payload["asset_ids"].values():
+            for asset_id in (payload.get("asset_ids") or {}).values():
                 async with session.get(f"{simulation.base_url}/assets/{asset_id}") as resp:
                     assert resp.status == 200
         fetched_at.append(asyncio.get_running_loop().time())

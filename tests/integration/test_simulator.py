@@ -45,7 +45,9 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def sim(clock: FakeClock) -> Simulator:
-    return Simulator(api_key=API_KEY, seed=3, now=clock)
+    # The simulator's own behaviour with every field shown; its shapes are tested in
+    # tests/integration/test_simulate.py, the receiver against them everywhere else.
+    return Simulator(api_key=API_KEY, seed=3, now=clock, shape="full")
 
 
 @pytest.fixture
@@ -461,7 +463,7 @@ async def test_adopt_every_example(client: TestClient[Any, Any], sim: Simulator)
 
 def test_adopt_is_idempotent_and_keeps_event_ids(sim: Simulator) -> None:
     payload = sim.add_job("image")
-    other = Simulator(seed=99)
+    other = Simulator(seed=99, shape="full")
     assert other.adopt(payload) == payload["job_id"]
     assert other.adopt(payload) == payload["job_id"]
     assert len(other.jobs) == 1 and len(other.assets) == 2

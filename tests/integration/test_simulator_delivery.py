@@ -83,7 +83,7 @@ async def sender():
 async def test_signatures_verify_with_the_receivers_code_and_an_independent_hmac(
     target: Target, sender
 ) -> None:
-    sim = Simulator(seed=1)
+    sim = Simulator(seed=1, shape="full")
     sim.add_webhook(target.url, secret=SECRET)
     s = await sender(sim, wall_clock=lambda: NOW)
     payloads = [sim.add_job(kind) for kind in KINDS] + [sim.add_failed_job("animation")]
@@ -121,7 +121,7 @@ async def test_signatures_verify_with_the_receivers_code_and_an_independent_hmac
 async def test_each_subscription_gets_its_events_signed_with_its_own_secret(
     target: Target, sender
 ) -> None:
-    sim = Simulator(seed=2)
+    sim = Simulator(seed=2, shape="full")
     everything = sim.add_webhook(target.url, secret="whsec_a")
     failures = sim.add_webhook(target.url, ["job.failed"], secret="whsec_b")
     s = await sender(sim)
@@ -149,7 +149,7 @@ async def test_each_subscription_gets_its_events_signed_with_its_own_secret(
 
 
 async def test_clock_skew_moves_the_signature_timestamp(target: Target, sender) -> None:
-    sim = Simulator(seed=3)
+    sim = Simulator(seed=3, shape="full")
     sim.add_webhook(target.url, secret=SECRET)
     s = await sender(sim, wall_clock=lambda: NOW, faults=DeliveryFaults(clock_skew_seconds=-400))
     s.publish(sim.add_job("logo"))
@@ -183,7 +183,7 @@ def test_the_schedule_is_the_specs_and_scales() -> None:
     assert 20 * 3600 < sum(retry_delays()) < 21 * 3600
     assert retry_delays(0.001) == pytest.approx((0.06, 0.3, 1.8, 7.2, 21.6, 43.2))
     with pytest.raises(ValueError):
-        WebhookSender(Simulator(), time_scale=0)
+        WebhookSender(Simulator(shape="full"), time_scale=0)
 
 
 def test_classify_and_latency_stats() -> None:
@@ -197,7 +197,7 @@ def test_classify_and_latency_stats() -> None:
 
 
 async def test_failed_attempts_follow_the_time_scaled_schedule(target: Target, sender) -> None:
-    sim = Simulator(seed=4)
+    sim = Simulator(seed=4, shape="full")
     hook = sim.add_webhook(target.url, secret=SECRET)
     target.statuses = [500, 503, 404, 401, 502, 500]  # six failures, then 200
     scale = 0.00001
@@ -227,7 +227,7 @@ async def test_failed_attempts_follow_the_time_scaled_schedule(target: Target, s
 
 
 async def test_seven_failed_attempts_give_up(target: Target, sender) -> None:
-    sim = Simulator(seed=5)
+    sim = Simulator(seed=5, shape="full")
     hook = sim.add_webhook(target.url, secret=SECRET)
     target.default = 500
     s = await sender(sim, time_scale=0.00001)
@@ -244,7 +244,7 @@ async def test_seven_failed_attempts_give_up(target: Target, sender) -> None:
 
 
 async def test_a_timeout_and_a_network_error_are_failed_attempts(target: Target, sender) -> None:
-    sim = Simulator(seed=6)
+    sim = Simulator(seed=6, shape="full")
     slow = sim.add_webhook(target.url, secret=SECRET)
     closed = sim.add_webhook(f"http://127.0.0.1:{free_port()}/hook", secret=SECRET)
     target.delay = 1.0
@@ -266,7 +266,7 @@ async def test_a_timeout_and_a_network_error_are_failed_attempts(target: Target,
 
 
 async def test_a_success_resets_consecutive_failures(target: Target, sender) -> None:
-    sim = Simulator(seed=7)
+    sim = Simulator(seed=7, shape="full")
     hook = sim.add_webhook(target.url, secret=SECRET)
     target.statuses = [500, 500, 500]
     s = await sender(sim, time_scale=0.00001, concurrency=1)
@@ -287,7 +287,7 @@ async def test_a_success_resets_consecutive_failures(target: Target, sender) -> 
 async def test_the_subscription_is_disabled_at_100_consecutive_failures(
     target: Target, sender, aiohttp_client
 ) -> None:
-    sim = Simulator(seed=8)
+    sim = Simulator(seed=8, shape="full")
     hook = sim.add_webhook(target.url, secret=SECRET)
     healthy = sim.add_webhook(target.url, ["job.failed"], secret="whsec_healthy")
     target.default = 500
@@ -322,7 +322,7 @@ async def test_the_subscription_is_disabled_at_100_consecutive_failures(
 async def test_deleting_the_subscription_stops_its_retries(
     target: Target, sender, aiohttp_client
 ) -> None:
-    sim = Simulator(seed=9)
+    sim = Simulator(seed=9, shape="full")
     hook = sim.add_webhook(target.url, secret=SECRET)
     target.default = 500
     s = await sender(sim, time_scale=0.001)  # retries 60 ms, 300 ms, 1.8 s, ...
@@ -340,7 +340,7 @@ async def test_deleting_the_subscription_stops_its_retries(
 
 
 async def test_duplicates_send_the_same_bytes_twice(target: Target, sender) -> None:
-    sim = Simulator(seed=10)
+    sim = Simulator(seed=10, shape="full")
     sim.add_webhook(target.url, secret=SECRET)
     s = await sender(sim, faults=DeliveryFaults(duplicate_fraction=1.0))
     payloads = [sim.add_job("image"), sim.add_job("animation")]
@@ -364,7 +364,7 @@ async def test_duplicates_send_the_same_bytes_twice(target: Target, sender) -> N
 
 
 async def test_held_back_events_arrive_after_later_ones(target: Target, sender) -> None:
-    sim = Simulator(seed=11)
+    sim = Simulator(seed=11, shape="full")
     sim.add_webhook(target.url, secret=SECRET)
     s = await sender(sim, faults=DeliveryFaults(out_of_order_fraction=1.0, hold_back_seconds=0.4))
     first = sim.add_job("image")

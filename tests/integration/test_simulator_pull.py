@@ -21,7 +21,7 @@ COLLECTION = "3f1c2a4e-5b6d-4e7f-8a9b-0c1d2e3f4a5b"
 
 @pytest.fixture
 def sim() -> Simulator:
-    return Simulator(api_key=API_KEY, seed=41)
+    return Simulator(api_key=API_KEY, seed=41, shape="full")
 
 
 @pytest.fixture

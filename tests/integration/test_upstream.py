@@ -103,7 +103,7 @@ async def test_get_asset_and_its_file(
     metrics: Metrics,
 ) -> None:
     payload = sim.add_job("animation")
-    asset_id = payload["asset_ids"]["webm"]
+    asset_id = sim.jobs[payload["job_id"]].asset_ids["webm"]
 
     asset = await client.get_asset(asset_id)
 
@@ -215,7 +215,7 @@ async def test_429_without_retry_after(client: UpstreamClient, sim: Simulator) -
 async def test_5xx_is_transient(
     client: UpstreamClient, sim: Simulator, metrics: Metrics, status: int, code: str
 ) -> None:
-    asset_id = sim.add_job("scene")["asset_ids"]["scene"]
+    asset_id = sim.jobs[sim.add_job("scene")["job_id"]].asset_ids["scene"]
     sim.error_fraction = 1.0
     sim.error_status = status
 

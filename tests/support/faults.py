@@ -146,17 +146,6 @@ def db_rows(db: Path, query: str, params: tuple[Any, ...] = ()) -> list[tuple[An
         return conn.execute(query, params).fetchall()
 
 
-def expected_files(upstream: Simulator, payloads: list[dict[str, Any]]) -> set[str]:
-    """The download paths (relative) the contract gives the payloads' assets."""
-    paths = set()
-    for payload in payloads:
-        job = upstream.jobs[payload["job_id"]]
-        for asset_type, asset_id in payload["asset_ids"].items():
-            ext = upstream.assets[asset_id].ext
-            paths.add(f"{job.collection_id}/{job.item_name}/{asset_type}-{asset_id}{ext}")
-    return paths
-
-
 def final_files(directory: Path) -> set[str]:
     """Files under ``directory`` except the sink's temporary files (``.name.tmp-xxxx``)."""
     return {

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from receiver.simulator import DEFAULT_API_KEY, Simulator
+from receiver.simulator.shape import PRESENT
 
 
 async def serve_upstream(
@@ -25,3 +26,12 @@ async def serve_upstream(
     server = await aiohttp_server(app)
     sim.base_url = str(server.make_url("/v1"))
     return sim
+
+
+def rely_on(sim: Simulator, **fields: Iterable[str]) -> None:
+    """Make the named optional fields always present (``event=["asset_ids"], job=["urls"]``),
+    for a test about the path those fields lead to; the minimal forms the spec allows are
+    tested in tests/integration/test_spec_conformance.py."""
+    for kind, names in fields.items():
+        for name in names:
+            sim.shape.pin(kind, name, PRESENT)
