@@ -17,9 +17,9 @@ from contextlib import closing
 from pathlib import Path
 
 from bench.common import ROOT, webhook_body
-from receiver.store.pull import BACKFILL_JOB_OUTCOMES
+from receiver.store.sql.pull import BACKFILL_JOB_OUTCOMES
 from receiver.store.sqlite import MIGRATIONS, SCHEMA_VERSION
-from receiver.store.sqlite.sql import INSERT_EVENT
+from receiver.store.sqlite.intake import INSERT_EVENT
 
 CHUNK = 20_000
 CACHE = ROOT / ".bench" / "cache"

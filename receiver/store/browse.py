@@ -3,11 +3,8 @@
 The inbox page (:mod:`receiver.web`) asks the store these questions; every backend answers them
 with the records defined here. Event pages are keyset-paginated on ``(received_at, id)``, newest
 first: a page is as fast on the millionth event as on the first, and an event received while
-someone pages never shifts or repeats a row.
-
-The SQL backends share the ``WHERE`` fragments below: each is a fixed string with named
-parameters (``:state``); :func:`browse_sql` joins the fragments a query needs, and
-:func:`numbered` turns the names into ``$n`` for asyncpg. No value is ever put into SQL text.
+someone pages never shifts or repeats a row. The SQL backends' page query is
+:func:`receiver.store.sql.browse.browse_sql`; :func:`matches` is the memory store's.
 """
 
 from __future__ import annotations
@@ -15,11 +12,10 @@ from __future__ import annotations
 import base64
 import json
 import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
-from receiver.store.records import EVENT_COLUMNS, DeliveryRecord, EventRecord, delivery_record
+from receiver.store.records import DeliveryRecord, EventRecord, delivery_record
 
 
 @dataclass(frozen=True)
@@ -130,106 +126,6 @@ def lane_counts(pending: Any, failing: Any) -> tuple[LaneCounts, ...]:
     for sink, count in failing:
         lanes.setdefault(sink, {})["failing"] = int(count)
     return tuple(LaneCounts(sink=sink, **lanes[sink]) for sink in sorted(lanes))
-
-
-# -- shared SQL ---------------------------------------------------------------------------------
-
-# Events by state and the oldest pending one, for counts(): the same SQL in both dialects.
-COUNTS = """
-SELECT
-    (SELECT count(*) FROM events WHERE state = 'pending'),
-    (SELECT count(*) FROM events WHERE state = 'done'),
-    (SELECT count(*) FROM events WHERE state = 'dead'),
-    (SELECT min(received_at) FROM events WHERE state = 'pending')
-"""
-BROWSE_SELECT = "SELECT " + EVENT_COLUMNS + " FROM events"
-WHERE_STATE = "state = :state"
-WHERE_EVENT = "event = :event"
-WHERE_SINK = "EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = events.id AND d.sink = :sink)"
-WHERE_SINK_STATE = (
-    "EXISTS (SELECT 1 FROM deliveries d"
-    " WHERE d.event_id = events.id AND d.sink = :sink AND d.state = :state)"
-)
-# A delivery still pending means its event is pending: the event-state index narrows the scan
-# to the pending events, however many finished ones there are.
-WHERE_PENDING_EVENT = "state = 'pending'"
-# Dead deliveries are few: read them from the deliveries side (the partial index on dead rows,
-# by sink) rather than scanning every event for one.
-WHERE_SINK_DEAD = "id IN (SELECT event_id FROM deliveries WHERE state = 'dead' AND sink = :sink)"
-# Two primary-key / job-id lookups, whatever order the page is in.
-WHERE_REF = (
-    "id IN (SELECT id FROM events WHERE id = :ref"
-    " UNION ALL SELECT id FROM events WHERE job_id = :ref)"
-)
-WHERE_SINCE = "received_at >= :since"
-WHERE_UNTIL = "received_at < :until"
-# (received_at, id) < cursor, written so that the received_at index bounds the scan.
-WHERE_BEFORE = "received_at <= :cursor_at AND (received_at < :cursor_at OR id < :cursor_id)"
-WHERE_AFTER = "received_at >= :cursor_at AND (received_at > :cursor_at OR id > :cursor_id)"
-ORDER_NEWEST_FIRST = " ORDER BY received_at DESC, id DESC LIMIT :limit"
-ORDER_OLDEST_FIRST = " ORDER BY received_at, id LIMIT :limit"
-
-
-def browse_sql(
-    query: EventQuery, *, before: Cursor | None, after: Cursor | None, limit: int
-) -> tuple[str, dict[str, Any]]:
-    """The statement (fixed fragments joined) and its named parameters for one event page.
-
-    With ``after`` the rows come oldest first (the page just newer than the cursor); the caller
-    reverses them.
-    """
-    clauses: list[str] = []
-    if query.sink is not None and query.state == "dead":
-        clauses.append(WHERE_SINK_DEAD)
-    elif query.sink is not None:
-        if query.state == "pending":
-            clauses.append(WHERE_PENDING_EVENT)
-        clauses.append(WHERE_SINK_STATE if query.state is not None else WHERE_SINK)
-    elif query.state is not None:
-        clauses.append(WHERE_STATE)
-    if query.event is not None:
-        clauses.append(WHERE_EVENT)
-    if query.ref is not None:
-        clauses.append(WHERE_REF)
-    if query.since is not None:
-        clauses.append(WHERE_SINCE)
-    if query.until is not None:
-        clauses.append(WHERE_UNTIL)
-    cursor = after if after is not None else before
-    if cursor is not None:
-        clauses.append(WHERE_AFTER if after is not None else WHERE_BEFORE)
-    sql = BROWSE_SELECT
-    if clauses:
-        sql += " WHERE " + " AND ".join(clauses)
-    sql += ORDER_OLDEST_FIRST if after is not None else ORDER_NEWEST_FIRST
-    params: dict[str, Any] = {
-        "state": query.state,
-        "event": query.event,
-        "sink": query.sink,
-        "ref": query.ref,
-        "since": query.since,
-        "until": query.until,
-        "cursor_at": cursor.received_at if cursor else None,
-        "cursor_id": cursor.id if cursor else None,
-        "limit": max(limit, 0),
-    }
-    return sql, params
-
-
-_NAMED = re.compile(r"(?<!:):([a-z_]+)")
-
-
-def numbered(sql: str, params: dict[str, Any]) -> tuple[str, list[Any]]:
-    """``:name`` parameters as ``$1, $2, ...`` (asyncpg), with the arguments in that order."""
-    order: list[str] = []
-
-    def number(match: re.Match[str]) -> str:
-        name = match.group(1)
-        if name not in order:
-            order.append(name)
-        return f"${order.index(name) + 1}"
-
-    return _NAMED.sub(number, sql), [params[name] for name in order]
 
 
 def matches(

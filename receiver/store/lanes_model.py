@@ -10,7 +10,7 @@ import os
 import socket
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from receiver.store.records import DeliveryRecord, EventRecord
 
@@ -121,8 +121,3 @@ def new_lease_owner() -> str:
 def leased(record: EventRecord, sink: str) -> Leased:
     """``record`` with its delivery to ``sink`` (which it has), as a claim hands it out."""
     return Leased(record, next(d for d in record.deliveries if d.sink == sink))
-
-
-def lane_row(state: LaneState) -> tuple[Any, ...]:
-    """A lane's state in the column order of the SQL backends' ``lanes`` table."""
-    return (state.tokens, state.refilled_at, state.paused_until, state.failures, state.opened_at)

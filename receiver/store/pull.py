@@ -47,29 +47,6 @@ WEBHOOK = "webhook"
 RECONCILE = "reconcile"
 
 
-# -- SQL both SQL backends run as it is --------------------------------------------------------
-
-# Outcomes already in the inbox when the ledger is created came by webhook.
-BACKFILL_JOB_OUTCOMES = """
-INSERT INTO job_outcomes (key, event_id, source, created_at)
-SELECT event || ' ' || job_id, min(id), 'webhook', min(received_at) FROM events
-WHERE event IN ('job.completed', 'job.failed')
-GROUP BY event, job_id
-"""
-
-# The tail of adding a watch: a watch that ended expired or not_found starts again; a watch
-# still watching or done stays as it is.
-REARM_WATCH = """
-ON CONFLICT (job_id) DO UPDATE SET
-    state = 'watching', since = excluded.since, expires_at = excluded.expires_at,
-    next_poll_at = excluded.next_poll_at, last_polled_at = NULL, polls = 0, last_error = NULL,
-    updated_at = excluded.updated_at, lease_owner = NULL, lease_expires_at = NULL
-WHERE watches.state IN ('expired', 'not_found')
-"""
-
-WATCH_COUNTS = "SELECT state, count(*) FROM watches GROUP BY state"
-
-
 def outcome_key(event: str, job_id: str) -> str | None:
     """The job-outcome key of an event (``"job.completed <job id>"``), None for other events."""
     return f"{event} {job_id}" if event in OUTCOME_EVENTS else None
@@ -93,6 +70,39 @@ def admit(held: dict[str, str], key: str | None, source: str) -> tuple[bool, boo
         held[key] = source
         return True, True
     return not supersedes(prior, source), False
+
+
+#: A watch that ended so starts again when its job is watched again (see the module docstring).
+REWATCHED = frozenset({"expired", "not_found"})
+
+
+def watch_due(
+    state: str,
+    next_poll_at: float | None,
+    expires_at: float,
+    lease_expires_at: float | None,
+    now: float,
+) -> bool:
+    """A watch a poller may claim: ``watching``, due for a poll, not expired, nobody holding it
+    (what every backend's claim asks; the SQL backends in their ``CLAIM_WATCHES``)."""
+    return (
+        state == "watching"
+        and next_poll_at is not None
+        and next_poll_at <= now
+        and expires_at > now
+        and (lease_expires_at is None or lease_expires_at < now)
+    )
+
+
+def watch_expired(
+    state: str, expires_at: float, lease_expires_at: float | None, now: float
+) -> bool:
+    """A ``watching`` row past its expiry that nobody holds (``EXPIRE_WATCHES`` in SQL)."""
+    return (
+        state == "watching"
+        and expires_at <= now
+        and (lease_expires_at is None or lease_expires_at < now)
+    )
 
 
 def next_poll(state: WatchState, now: float, next_poll_at: float | None) -> float | None:

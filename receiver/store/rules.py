@@ -68,13 +68,6 @@ def settle_values(outcome: Outcome, now: float) -> SettleValues:
     )
 
 
-def settle_row(event_id: str, sink: str, outcome: Outcome, now: float) -> tuple[Any, ...]:
-    """:func:`settle_values` as the SQL backends' settle parameters: state, attempts to add,
-    next attempt, last error, updated at, event id, sink."""
-    v = settle_values(outcome, now)
-    return (v.state, v.attempts_add, v.next_attempt_at, v.last_error, now, event_id, sink)
-
-
 def event_state(delivery_states: Iterable[str]) -> EventState:
     """``pending`` while any delivery is pending, else ``dead`` if any is dead, else ``done``."""
     states = set(delivery_states)

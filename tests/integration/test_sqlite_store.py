@@ -20,9 +20,8 @@ from receiver.config import StoreSettings
 from receiver.errors import ConfigError, StoreUnavailable
 from receiver.store import NewEvent, open_store
 from receiver.store.memory import MemoryStore
-from receiver.store.sqlite import SCHEMA_VERSION, SqliteStore, sqlite_path
+from receiver.store.sqlite import SCHEMA_VERSION, SqliteStore, browse, intake, lanes, sqlite_path
 from receiver.store.sqlite import schema as sqlite_schema
-from receiver.store.sqlite import sql as sqlite_sql
 
 T0 = 1_700_000_000.0
 
@@ -230,16 +229,17 @@ async def test_claim_and_prune_use_their_indexes(tmp_path: Path) -> None:
         lane = {**claim, "sink": "alpha"}
         plans = {
             "enrich": conn.execute(
-                "EXPLAIN QUERY PLAN " + sqlite_sql.CLAIM_ENRICHMENT, claim
+                "EXPLAIN QUERY PLAN " + lanes.SqliteLanes.CLAIM_ENRICHMENT, claim
             ).fetchall(),
             "claim": conn.execute(
-                "EXPLAIN QUERY PLAN " + sqlite_sql.CLAIM_DELIVERIES, lane
+                "EXPLAIN QUERY PLAN " + lanes.SqliteLanes.CLAIM_DELIVERIES, lane
             ).fetchall(),
             "prune": conn.execute(
-                "EXPLAIN QUERY PLAN " + sqlite_sql.PRUNE_BATCH, (1.0, 10)
+                "EXPLAIN QUERY PLAN " + browse.SqliteBrowse.PRUNE_BATCH,
+                {"older_than": 1.0, "limit": 10},
             ).fetchall(),
             "add": conn.execute(
-                "EXPLAIN QUERY PLAN " + sqlite_sql.SELECT_STORED, ('["a"]', '["k"]')
+                "EXPLAIN QUERY PLAN " + intake.SELECT_STORED, ('["a"]', '["k"]')
             ).fetchall(),
         }
     finally:

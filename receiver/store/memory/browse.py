@@ -1,8 +1,7 @@
-"""The memory store's reads for people (see :mod:`receiver.store.browse`), as a mixin."""
+"""The memory store's reads, redeliveries and prunes, and the inbox page's queries (see
+:mod:`receiver.store.browse`)."""
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 from receiver.errors import UnknownEvent
 from receiver.store import rules
@@ -16,18 +15,64 @@ from receiver.store.browse import (
     lane_counts,
     matches,
 )
-from receiver.store.memory.records import MemoryEvent, reset_deliveries
-from receiver.store.records import DeliveryRecord
+from receiver.store.memory.records import MemoryTables, reset_deliveries
+from receiver.store.records import EVENT_STATES, DeliveryRecord, EventRecord
 
 
-class MemoryBrowse:
-    """Browsing, overview and dead letters of :class:`~receiver.store.memory.MemoryStore`."""
+class MemoryBrowse(MemoryTables):
+    """Reads, redeliveries, prunes and the inbox page of the memory store."""
 
-    _events: dict[str, MemoryEvent]
+    async def get(self, event_id: str) -> EventRecord | None:
+        self._check()
+        ev = self._events.get(event_id)
+        return ev.record() if ev is not None else None
 
-    if TYPE_CHECKING:
+    async def list(
+        self, *, state: str | None = None, limit: int = 50, offset: int = 0
+    ) -> list[EventRecord]:
+        self._check()
+        events = [ev for ev in self._events.values() if state is None or ev.state == state]
+        events.sort(key=lambda ev: (ev.new.received_at, ev.seq), reverse=True)
+        start = max(offset, 0)
+        return [ev.record() for ev in events[start : start + max(limit, 0)]]
 
-        def _check(self) -> None: ...  # MemoryStore's: raises once closed or made unavailable
+    async def redeliver(self, event_id: str, *, now: float) -> int:
+        self._check()
+        ev = self._event(event_id)
+        count = reset_deliveries(ev, ev.deliveries.values(), now)
+        return count
+
+    async def redeliver_dead(self, *, now: float) -> int:
+        self._check()
+        count = 0
+        for ev in self._events.values():
+            dead = [d for d in ev.deliveries.values() if d.state == "dead"]
+            if dead:
+                count += reset_deliveries(ev, dead, now)
+        return count
+
+    async def prune(self, *, older_than: float, batch: int = 1000) -> int:
+        self._check()
+        doomed = [
+            ev.new.id
+            for ev in self._events.values()
+            if ev.state == "done" and ev.new.received_at < older_than
+        ]
+        for event_id in doomed:
+            del self._events[event_id]
+        return len(doomed)
+
+    async def counts(self) -> tuple[dict[str, int], float | None]:
+        self._check()
+        counts: dict[str, int] = dict.fromkeys(EVENT_STATES, 0)
+        oldest: float | None = None
+        for ev in self._events.values():
+            counts[ev.state] += 1
+            if ev.state == "pending" and (oldest is None or ev.new.received_at < oldest):
+                oldest = ev.new.received_at
+        return counts, oldest
+
+    # -- reading for people (receiver.store.browse) ---------------------------------------------
 
     async def browse(
         self,

@@ -5,10 +5,19 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from receiver.store.asset_ledger import LedgerEntry
-from receiver.store.pull import WatchRecord, WatchState, admit, next_poll, outcome_key
+from receiver.store.memory.records import MemoryTables
+from receiver.store.pull import (
+    REWATCHED,
+    WatchRecord,
+    WatchState,
+    admit,
+    next_poll,
+    outcome_key,
+    watch_due,
+    watch_expired,
+)
 from receiver.store.records import NewEvent
 
 
@@ -20,17 +29,14 @@ class _Watch:
     lease_expires_at: float | None = None
 
 
-class MemoryPull:
-    """The :class:`~receiver.store.pull.PullStore` methods of the memory store (a mixin)."""
+class MemoryPull(MemoryTables):
+    """The :class:`~receiver.store.pull.PullStore` methods of the memory store."""
 
     def __init__(self) -> None:
+        super().__init__()
         self._watches: dict[str, _Watch] = {}
         self._outcomes: dict[str, str] = {}
         self._ledger: dict[str, float | None] = {}
-
-    if TYPE_CHECKING:
-
-        def _check(self) -> None: ...  # MemoryStore's: raises once closed or made unavailable
 
     def _record_ledger(self, event_id: str, entries: Sequence[LedgerEntry]) -> None:
         for entry in entries:
@@ -53,7 +59,7 @@ class MemoryPull:
         out = []
         for job_id in dict.fromkeys(job_ids):
             watch = self._watches.get(job_id)
-            if watch is None or watch.record.state in ("expired", "not_found"):
+            if watch is None or watch.record.state in REWATCHED:
                 record = WatchRecord(job_id, "watching", now, expires_at, None, 0, None, now)
                 watch = self._watches[job_id] = _Watch(record, now)
             out.append(watch.record)
@@ -66,11 +72,9 @@ class MemoryPull:
         due = [
             w
             for w in self._watches.values()
-            if w.record.state == "watching"
-            and w.next_poll_at is not None
-            and w.next_poll_at <= now
-            and w.record.expires_at > now
-            and (w.lease_expires_at is None or w.lease_expires_at < now)
+            if watch_due(
+                w.record.state, w.next_poll_at, w.record.expires_at, w.lease_expires_at, now
+            )
         ]
         due.sort(key=lambda w: w.next_poll_at or 0.0)
         for w in due[: max(limit, 0)]:
@@ -106,8 +110,7 @@ class MemoryPull:
         self._check()
         count = 0
         for w in self._watches.values():
-            leased = w.lease_expires_at is not None and w.lease_expires_at >= now
-            if w.record.state == "watching" and w.record.expires_at <= now and not leased:
+            if watch_expired(w.record.state, w.record.expires_at, w.lease_expires_at, now):
                 w.record = dataclasses.replace(w.record, state="expired", updated_at=now)
                 w.lease_owner = w.lease_expires_at = None
                 count += 1

@@ -1,11 +1,15 @@
-"""The memory store's rows: an event with its deliveries, kept as mutable records."""
+"""The memory store's rows: an event with its deliveries, kept as mutable records, and the
+tables every part of :class:`~receiver.store.memory.store.MemoryStore` shares."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from receiver.errors import StoreUnavailable, UnknownEvent
 from receiver.store import rules
+from receiver.store.lanes_model import LaneState
 from receiver.store.records import (
     DeliveryRecord,
     DeliveryState,
@@ -105,3 +109,28 @@ def reset_deliveries(ev: MemoryEvent, deliveries: Iterable[MemoryDelivery], now:
         ev.enrich_at, ev.enrich_attempts, ev.enrich_error = now, 0, None
     ev.recompute()
     return count
+
+
+class MemoryTables:
+    """What the memory store's parts (intake, lanes, browse, pull) share: the events by id, the
+    lanes' state by sink, and the store's availability."""
+
+    def __init__(self) -> None:
+        self.unavailable: str | None = None
+        self._events: dict[str, MemoryEvent] = {}
+        self._lanes: dict[str, LaneState] = {}
+        self._seq = itertools.count()
+        self._closed = False
+
+    def _check(self) -> None:
+        """Raise StoreUnavailable once closed, or while :attr:`unavailable` says why."""
+        if self.unavailable is not None:
+            raise StoreUnavailable(self.unavailable)
+        if self._closed:
+            raise StoreUnavailable("the inbox is closed")
+
+    def _event(self, event_id: str) -> MemoryEvent:
+        ev = self._events.get(event_id)
+        if ev is None:
+            raise UnknownEvent(f"no event {event_id!r} in the inbox")
+        return ev

@@ -6,9 +6,9 @@ parts, one module per concern, each named as its twin in the other backends (``l
 # of its modules an earlier import left loaded (receiver.store.open_store names the extra).
 import asyncpg  # noqa: F401
 
+from receiver.store.postgres.conn import CHANNEL
 from receiver.store.postgres.migrate import MigrationReport
 from receiver.store.postgres.schema import MIGRATIONS, SCHEMA_VERSION, Migration
-from receiver.store.postgres.sql import CHANNEL
 from receiver.store.postgres.store import PostgresStore
 
 __all__ = [

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from receiver.store.postgres.pull import ASSET_LEDGER_SCHEMA, PULL_SCHEMA
+from receiver.store.sql.schema import BROWSE_INDEXES, CREATE_INDEX_DEAD, CREATE_INDEX_STATE_RECEIVED
 
 # Times are unix seconds (double precision), as in the Store interface. Ids and sink names use
 # the "C" collation: byte order, as SQLite and Python sort them.
@@ -41,11 +42,7 @@ CREATE TABLE deliveries (
 CREATE_INDEX_DUE = (
     "CREATE INDEX events_due ON events (next_attempt_at, seq) WHERE state = 'pending'"
 )
-# prune (state = 'done', received_at < $1), list by state, counts, oldest pending.
-CREATE_INDEX_STATE_RECEIVED = "CREATE INDEX events_state_received ON events (state, received_at)"
 CREATE_INDEX_RECEIVED = "CREATE INDEX events_received ON events (received_at, seq)"
-# redeliver_dead without scanning every delivery; dead rows are few.
-CREATE_INDEX_DEAD = "CREATE INDEX deliveries_dead ON deliveries (event_id) WHERE state = 'dead'"
 
 
 # Version 2, delivery lanes: the job snapshot and enrichment state on the event, a lease per
@@ -108,18 +105,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         ),
     ),
     Migration(2, "delivery lanes", LANES_SCHEMA),
-    Migration(
-        3,
-        "indexes for the inbox page",
-        (
-            "CREATE INDEX events_event_received ON events (event, received_at)",
-            "CREATE INDEX events_job ON events (job_id)",
-            "CREATE INDEX deliveries_failing ON deliveries (updated_at)"
-            " WHERE last_error IS NOT NULL",
-            "CREATE INDEX deliveries_dead_groups"
-            " ON deliveries (sink, last_error, updated_at, state) WHERE state = 'dead'",
-        ),
-    ),
+    Migration(3, "indexes for the inbox page", BROWSE_INDEXES),
     Migration(4, "watch list and job outcomes (pull mode)", PULL_SCHEMA),
     Migration(5, "asset ledger (reconcile)", ASSET_LEDGER_SCHEMA),
 )

@@ -23,16 +23,16 @@ Every driver or network error becomes :class:`~receiver.errors.StoreUnavailable`
 replaces broken connections on the next use, so the store heals by itself once Postgres answers
 again (after a restart, a failover or a dropped connection).
 
-This module holds the pool, intake and LISTEN; the rest of :class:`PostgresStore` comes from
-mixins: :mod:`.lanes`, :mod:`.browse`, :mod:`.migrate`, :mod:`.pull` (schema in :mod:`.schema`,
-statements in :mod:`.sql`), each named as its twin in the other backends.
+This module holds the pool and LISTEN; the rest of :class:`PostgresStore` comes from
+the flows the SQL backends share (:mod:`receiver.store.sql`), which run the statements of
+:mod:`.lanes`, :mod:`.browse` and :mod:`.pull`, from :mod:`.intake` and from :mod:`.migrate`
+(schema in :mod:`.schema`). Each module is named as its twin in the other backends.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
@@ -45,14 +45,18 @@ from receiver.logs import get_logger, redact_url
 from receiver.store import rules
 from receiver.store.batching import GroupCommit
 from receiver.store.postgres.browse import PostgresBrowse
+from receiver.store.postgres.conn import CHANNEL, PostgresConn
 from receiver.store.postgres.errors import _CONFLICTS, _DB_ERRORS
+from receiver.store.postgres.intake import GROUP_WRITERS, MAX_GROUP, PostgresIntake
 from receiver.store.postgres.lanes import PostgresLanes
 from receiver.store.postgres.migrate import PostgresMigrations
 from receiver.store.postgres.pull import PostgresPull
 from receiver.store.postgres.schema import _quote_ident
-from receiver.store.postgres.sql import ADD_EVENTS, CHANNEL, PING
-from receiver.store.pull import outcome_key
 from receiver.store.records import NewEvent
+from receiver.store.sql.browse import SqlBrowse
+from receiver.store.sql.conn import Conn
+from receiver.store.sql.lanes import SqlLanes
+from receiver.store.sql.pull import SqlPull
 
 T = TypeVar("T")
 
@@ -62,17 +66,10 @@ log = get_logger("receiver.store.postgres")
 RETRIES_ON_CONFLICT = 3
 LISTEN_BACKOFF_MAX_SECONDS = 30.0
 LISTEN_HEALTH_SECONDS = 30.0
-#: Events written per group commit at most, and groups written at once: while one group's commit
-#: is on its way the next one gathers, and a second one may be in flight. Intake therefore needs
-#: at most GROUP_WRITERS pooled connections however many webhooks arrive at once.
-MAX_GROUP = 500
-GROUP_WRITERS = 2
-#: Statements a group's events get at most: an event is judged again only when another
-#: transaction claimed its job outcome during the statement (see .sql.ADD_EVENTS).
-JUDGING_ROUNDS = 3
+PING = "SELECT 1"
 
 
-class PostgresStore(PostgresLanes, PostgresBrowse, PostgresMigrations, PostgresPull):
+class PostgresStore(SqlLanes, SqlBrowse, SqlPull, PostgresIntake, PostgresMigrations):
     """The inbox in a Postgres database, shared safely by any number of receiver processes.
 
     ``settings.pool_size`` caps this process's pooled connections (a process running workers
@@ -83,6 +80,11 @@ class PostgresStore(PostgresLanes, PostgresBrowse, PostgresMigrations, PostgresP
     one statement and one commit for every event waiting, on at most ``GROUP_WRITERS`` pooled
     connections, so the rest of the pool stays free for workers and the admin API.
     """
+
+    # The statements the flows written once (receiver.store.sql) run here.
+    _lane_sql = PostgresLanes
+    _browse_sql = PostgresBrowse
+    _pull_sql = PostgresPull
 
     def __init__(self, settings: StoreSettings) -> None:
         self.settings = settings
@@ -233,6 +235,16 @@ class PostgresStore(PostgresLanes, PostgresBrowse, PostgresMigrations, PostgresP
                 raise self._unavailable(exc) from exc
         raise AssertionError("unreachable")
 
+    async def _run_read(self, fn: Callable[[Conn], Awaitable[T]], *, snapshot: bool = False) -> T:
+        return await self._run(lambda conn: fn(PostgresConn(conn, self._schema)), snapshot=snapshot)
+
+    async def _run_write(
+        self, fn: Callable[[Conn], Awaitable[T]], *, transaction: bool = True
+    ) -> T:
+        return await self._run(
+            lambda conn: fn(PostgresConn(conn, self._schema)), transaction=transaction
+        )
+
     # -- the Store interface --------------------------------------------------------------------
 
     async def ping(self) -> None:
@@ -247,61 +259,6 @@ class PostgresStore(PostgresLanes, PostgresBrowse, PostgresMigrations, PostgresP
         # Refused here, in the caller's task: in the group's one statement it would fail them all.
         rules.refuse_unstorable((event.id, event.event, event.job_id))
         return await self._adds.submit(event)
-
-    async def _write_adds(self, events: list[NewEvent]) -> list[bool | BaseException]:
-        """One group: one statement, its own transaction; each event told whether its id was new.
-
-        Within a group only the first event of an id can be new; the rows go in id order, so
-        two groups (of two replicas) inserting the same ids lock them in the same order. Events
-        the statement could not judge (another transaction was claiming their job outcome, see
-        ADD_EVENTS) go again, in a statement of their own that sees that claim.
-        """
-        firsts: dict[str, NewEvent] = {}
-        for event in events:
-            firsts.setdefault(event.id, event)
-        pending = sorted(firsts.values(), key=lambda e: e.id)
-        added: set[str] = set()
-        failed: StoreUnavailable | None = None
-        for _round in range(JUDGING_ROUNDS):
-            try:
-                new, unjudged = await self._run(functools.partial(self._add_rows, pending))
-            except StoreUnavailable as exc:
-                failed = exc
-                break
-            added |= new
-            pending = [event for event in pending if event.id in unjudged]
-            if not pending:
-                break
-        else:
-            failed = StoreUnavailable("job outcomes kept being claimed by other transactions")
-        # Only the events still pending failed (none are unless a round failed): earlier rounds
-        # are committed.
-        unwritten = {event.id for event in pending}
-        return [
-            _copy_error(failed)
-            if failed is not None and event.id in unwritten
-            else event.id in added and firsts[event.id] is event
-            for event in events
-        ]
-
-    async def _add_rows(self, rows: list[NewEvent], conn: Any) -> tuple[set[str], set[str]]:
-        """ADD_EVENTS for ``rows`` (distinct ids, in id order): the ids new, the ids not judged."""
-        columns: tuple[list[Any], ...] = ([], [], [], [], [], [], [], [])
-        deliveries: tuple[list[Any], ...] = ([], [], [])
-        for event in rows:
-            row, sinks = rules.new_event_row(event)
-            for column, value in zip(columns, row, strict=True):
-                column.append(value)
-            for sink in sinks:
-                deliveries[0].append(event.id)
-                deliveries[1].append(sink)
-                deliveries[2].append(event.received_at)
-        keys = [outcome_key(event.event, event.job_id) for event in rows]
-        sources = [event.source for event in rows]
-        answer = await conn.fetchrow(
-            ADD_EVENTS, *columns, *deliveries, CHANNEL, self._schema, keys, sources
-        )
-        return set(answer["added"]), set(answer["unjudged"])
 
     # -- LISTEN/NOTIFY --------------------------------------------------------------------------
 
@@ -364,10 +321,3 @@ class PostgresStore(PostgresLanes, PostgresBrowse, PostgresMigrations, PostgresP
 async def _keep_session(_conn: Any) -> None:
     """The pool's reset on release: nothing to undo (asyncpg still rolls back an open
     transaction first)."""
-
-
-def _copy_error(exc: StoreUnavailable) -> StoreUnavailable:
-    """One exception per caller: a shared one would collect every caller's traceback."""
-    err = StoreUnavailable(exc.message)
-    err.__cause__ = exc.__cause__
-    return err

@@ -14,14 +14,20 @@ import aiosqlite
 from receiver.errors import StoreUnavailable
 from receiver.store.sqlite.faults import _DB_ERRORS, _close_quietly
 from receiver.store.sqlite.schema import CHECKPOINT, CHECKPOINT_TRUNCATE, PRAGMA_SETTINGS
-from receiver.store.sqlite.sql import (
-    CHECKPOINT_INTERVAL_SECONDS,
-    CHECKPOINT_RETRY_SECONDS,
-    WAL_RESTART_PAGES,
-)
 
 if TYPE_CHECKING:
     from receiver.store.sqlite.writer_turns import WriterTurns
+
+
+# Checkpoints run on their own connection, once this many events and jobs were written since the
+# last one, or at least every CHECKPOINT_INTERVAL_SECONDS when anything was: each checkpoint
+# ends with an fsync of the database file, which every other fsync on the disk waits behind.
+CHECKPOINT_EVERY_ITEMS = 500
+CHECKPOINT_INTERVAL_SECONDS = 1.0
+CHECKPOINT_RETRY_SECONDS = 0.05
+# A WAL that a background checkpoint found this long (pages, ~64 MB) is finished off by the
+# writer between two groups: under constant load the WAL would otherwise never restart.
+WAL_RESTART_PAGES = 16000
 
 
 class SqliteCheckpoints:

@@ -25,14 +25,31 @@ from receiver.store.sqlite.schema import (
     ROLLBACK_SAVEPOINT,
     SAVEPOINT,
 )
-from receiver.store.sqlite.sql import (
-    DELIVERY_ROW,
-    EVENT_ROW,
-    INSERT_DELIVERIES_HEAD,
-    INSERT_EVENTS_HEAD,
-    ROWS_PER_STATEMENT,
-    SELECT_STORED,
-)
+
+# Intake's one look before a group's inserts, one statement for both tables: (0, id, NULL) for
+# each event id stored already (?1, the ids), (1, key, source) for each job outcome the ledger
+# holds already (?2, the keys).
+SELECT_STORED = """
+SELECT 0, id, NULL FROM events WHERE id IN (SELECT value FROM json_each(?1))
+UNION ALL
+SELECT 1, key, source FROM job_outcomes WHERE key IN (SELECT value FROM json_each(?2))
+"""
+
+# A group of events goes in with one multi-row INSERT per table (see _rows_statement): one
+# statement step for the whole group instead of one per row, each of which would hand the GIL
+# back and forth with the event loop.
+INSERT_EVENTS_HEAD = """
+INSERT INTO events (id, event, job_id, body, headers, received_at, state, enrich_at)
+VALUES """
+EVENT_ROW = "(?, ?, ?, ?, ?, ?, ?, ?)"
+INSERT_DELIVERIES_HEAD = """
+INSERT INTO deliveries (event_id, sink, state, attempts, next_attempt_at, last_error, updated_at)
+VALUES """
+DELIVERY_ROW = "(?, ?, 'pending', 0, ?, NULL, ?)"
+#: One event's row (what bench/backlog.py fills an inbox with).
+INSERT_EVENT = INSERT_EVENTS_HEAD + EVENT_ROW
+# 8 parameters a row: well under SQLite's 32766 parameters a statement.
+ROWS_PER_STATEMENT = 256
 
 
 def _rows_statement(head: str, row: str, count: int) -> str:

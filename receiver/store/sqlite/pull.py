@@ -1,28 +1,16 @@
-"""The SQLite inbox's pull-mode tables and queries (see :mod:`receiver.store.pull`).
+"""The SQLite inbox's pull-mode tables and queries (see :mod:`receiver.store.pull`; the flow
+around the queries is :mod:`receiver.store.sql.pull`).
 
-Kept apart from :mod:`receiver.store.sqlite`: the watch list and the job-outcome ledger have
-their own tables (:data:`PULL_SCHEMA`, one migration) and their own statements. Only the
-outcome check inside ``add_event`` lives with the event inserts
-(:mod:`receiver.store.sqlite.intake`).
+The watch list and the job-outcome ledger have their own tables (:data:`PULL_SCHEMA`, one
+migration); only the outcome check inside ``add_event`` lives with the event inserts
+(:mod:`.intake`).
 """
 
 from __future__ import annotations
 
-import json
-
-import aiosqlite
-
-from receiver.store.pull import (
-    BACKFILL_JOB_OUTCOMES,
-    REARM_WATCH,
-    WATCH_COLUMNS,
-    WATCH_COUNTS,
-    WatchRecord,
-    WatchState,
-    next_poll,
-    watch_records,
-)
-from receiver.store.sqlite.mixin import SqliteMixin
+from receiver.store.pull import WATCH_COLUMNS
+from receiver.store.sql.pull import BACKFILL_JOB_OUTCOMES, DUE_WATCHES, REARM_WATCH, PullSql
+from receiver.store.sql.schema import CREATE_INDEX_WATCHES_SINCE
 
 CREATE_WATCHES = """
 CREATE TABLE watches (
@@ -40,7 +28,6 @@ CREATE TABLE watches (
 ) WITHOUT ROWID
 """
 CREATE_INDEX_WATCHES_DUE = "CREATE INDEX watches_due ON watches (state, next_poll_at)"
-CREATE_INDEX_WATCHES_SINCE = "CREATE INDEX watches_since ON watches (since)"
 
 CREATE_JOB_OUTCOMES = """
 CREATE TABLE job_outcomes (
@@ -95,155 +82,42 @@ BACKFILL_ASSET_LEDGER = (
     """,
 )
 ASSET_LEDGER_SCHEMA: tuple[str, ...] = (CREATE_ASSET_LEDGER, *BACKFILL_ASSET_LEDGER)
-# One ledger entry; an item's entry keeps the latest upstream time it was taken at.
-RECORD_ASSET = """
-INSERT INTO asset_ledger (key, event_id, upstream_time, created_at) VALUES (?, ?, ?, ?)
-ON CONFLICT (key) DO UPDATE SET upstream_time = max(
-    coalesce(asset_ledger.upstream_time, excluded.upstream_time),
-    coalesce(excluded.upstream_time, asset_ledger.upstream_time))
-"""
-SELECT_LEDGER = """
-SELECT key, upstream_time FROM asset_ledger WHERE key IN (SELECT value FROM json_each(?))
-"""
-
-# Which of a list of outcome keys the ledger holds, and from which source.
-SELECT_OUTCOMES = """
-SELECT key, source FROM job_outcomes WHERE key IN (SELECT value FROM json_each(?))
-"""
-# Followed by one OUTCOME_ROW per outcome (receiver.store.sqlite.intake writes them in one go).
+# Followed by one OUTCOME_ROW per outcome (.intake writes them in one go).
 INSERT_OUTCOMES_HEAD = "INSERT INTO job_outcomes (key, event_id, source, created_at) VALUES "
 OUTCOME_ROW = "(?, ?, ?, ?)"
 
-ADD_WATCH = (
-    """
-INSERT INTO watches (job_id, state, since, expires_at, next_poll_at, polls, updated_at)
-VALUES (?, 'watching', ?, ?, ?, 0, ?)
-"""
-    + REARM_WATCH
-)
-SELECT_WATCHES = (
-    "SELECT " + WATCH_COLUMNS + " FROM watches WHERE job_id IN (SELECT value FROM json_each(?))"
-)
 
-CLAIM_WATCHES = (
-    """
+class SqlitePull(PullSql):
+    """The pull-mode statements as SQLite runs them."""
+
+    # (``WHERE true``: an upsert's SELECT needs a WHERE, or its ON would be read as a join's.)
+    ADD_WATCHES = (
+        """
+INSERT INTO watches (job_id, state, since, expires_at, next_poll_at, polls, updated_at)
+SELECT value, 'watching', :now, :expires_at, :now, 0, :now FROM json_each(:ids) WHERE true
+"""
+        + REARM_WATCH
+    )
+
+    SELECT_WATCHES = (
+        "SELECT "
+        + WATCH_COLUMNS
+        + " FROM watches WHERE job_id IN (SELECT value FROM json_each(:ids))"
+    )
+
+    CLAIM_WATCHES = (
+        f"""
 UPDATE watches SET lease_owner = :owner, lease_expires_at = :expires
 WHERE job_id IN (
-    SELECT job_id FROM watches
-    WHERE state = 'watching' AND next_poll_at <= :now AND expires_at > :now
-      AND (lease_expires_at IS NULL OR lease_expires_at < :now)
-    ORDER BY next_poll_at
-    LIMIT :limit
-)
+{DUE_WATCHES})
 RETURNING """
-    + WATCH_COLUMNS
-)
+        + WATCH_COLUMNS
+    )
 
-SETTLE_WATCH = """
-UPDATE watches SET state = ?, next_poll_at = ?, last_polled_at = ?, polls = polls + 1,
-    last_error = ?, updated_at = ?, lease_owner = NULL, lease_expires_at = NULL
-WHERE job_id = ? AND lease_owner = ?
+    KNOWN_OUTCOMES = (
+        "SELECT key FROM job_outcomes WHERE key IN (SELECT value FROM json_each(:keys))"
+    )
+
+    SELECT_LEDGER = """
+SELECT key, upstream_time FROM asset_ledger WHERE key IN (SELECT value FROM json_each(:keys))
 """
-
-EXPIRE_WATCHES = """
-UPDATE watches SET state = 'expired', updated_at = :now, lease_owner = NULL,
-    lease_expires_at = NULL
-WHERE state = 'watching' AND expires_at <= :now
-  AND (lease_expires_at IS NULL OR lease_expires_at < :now)
-"""
-
-LIST_WATCHES = (
-    "SELECT " + WATCH_COLUMNS + " FROM watches ORDER BY since DESC, job_id LIMIT ? OFFSET ?"
-)
-LIST_WATCHES_BY_STATE = (
-    "SELECT " + WATCH_COLUMNS + " FROM watches WHERE state = ? "
-    "ORDER BY since DESC, job_id LIMIT ? OFFSET ?"
-)
-
-
-class SqlitePull(SqliteMixin):
-    """The :class:`~receiver.store.pull.PullStore` methods of the SQLite store (a mixin)."""
-
-    async def add_watches(
-        self, job_ids: list[str], *, now: float, expires_at: float
-    ) -> list[WatchRecord]:
-        ids = list(dict.fromkeys(job_ids))
-
-        async def run(conn: aiosqlite.Connection) -> list[WatchRecord]:
-            await conn.executemany(ADD_WATCH, [(j, now, expires_at, now, now) for j in ids])
-            rows = await conn.execute_fetchall(SELECT_WATCHES, (json.dumps(ids),))
-            by_id = {r.job_id: r for r in watch_records(rows)}
-            return [by_id[j] for j in ids]
-
-        return await self._write_tx(run)
-
-    async def claim_watches(
-        self, *, owner: str, limit: int, lease_seconds: float, now: float
-    ) -> list[WatchRecord]:
-        if limit <= 0:
-            return []
-        params = {"owner": owner, "expires": now + lease_seconds, "now": now, "limit": limit}
-
-        async def run(conn: aiosqlite.Connection) -> list[WatchRecord]:
-            return watch_records(await conn.execute_fetchall(CLAIM_WATCHES, params))
-
-        return await self._write_tx(run)
-
-    async def settle_watch(
-        self,
-        job_id: str,
-        *,
-        owner: str,
-        state: WatchState,
-        now: float,
-        next_poll_at: float | None = None,
-        error: str | None = None,
-    ) -> None:
-        nxt = next_poll(state, now, next_poll_at)
-        params = (state, nxt, now, error, now, job_id, owner)
-        await self._write_tx(lambda conn: conn.execute(SETTLE_WATCH, params))
-
-    async def expire_watches(self, *, now: float) -> int:
-        async def run(conn: aiosqlite.Connection) -> int:
-            return int((await conn.execute(EXPIRE_WATCHES, {"now": now})).rowcount)
-
-        return await self._write_tx(run)
-
-    async def list_watches(
-        self, *, state: str | None = None, limit: int = 100, offset: int = 0
-    ) -> list[WatchRecord]:
-        limit, offset = max(limit, 0), max(offset, 0)
-
-        async def run(conn: aiosqlite.Connection) -> list[WatchRecord]:
-            if state is None:
-                return watch_records(await conn.execute_fetchall(LIST_WATCHES, (limit, offset)))
-            params = (state, limit, offset)
-            return watch_records(await conn.execute_fetchall(LIST_WATCHES_BY_STATE, params))
-
-        return await self._read_tx(run)
-
-    async def watch_counts(self) -> dict[str, int]:
-        async def run(conn: aiosqlite.Connection) -> dict[str, int]:
-            return {row[0]: int(row[1]) for row in await conn.execute_fetchall(WATCH_COUNTS)}
-
-        return await self._read_tx(run)
-
-    async def known_outcomes(self, keys: list[str]) -> set[str]:
-        if not keys:
-            return set()
-
-        async def run(conn: aiosqlite.Connection) -> set[str]:
-            rows = await conn.execute_fetchall(SELECT_OUTCOMES, (json.dumps(keys),))
-            return {row[0] for row in rows}
-
-        return await self._read_tx(run)
-
-    async def ledger(self, keys: list[str]) -> dict[str, float | None]:
-        if not keys:
-            return {}
-
-        async def run(conn: aiosqlite.Connection) -> dict[str, float | None]:
-            rows = await conn.execute_fetchall(SELECT_LEDGER, (json.dumps(keys),))
-            return {row[0]: row[1] for row in rows}
-
-        return await self._read_tx(run)

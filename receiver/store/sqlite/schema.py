@@ -4,6 +4,7 @@ statements of :mod:`receiver.store.sqlite`.
 
 from __future__ import annotations
 
+from receiver.store.sql.schema import BROWSE_INDEXES, CREATE_INDEX_DEAD, CREATE_INDEX_STATE_RECEIVED
 from receiver.store.sqlite.pull import ASSET_LEDGER_SCHEMA, PULL_SCHEMA
 
 CREATE_EVENTS = """
@@ -36,11 +37,7 @@ CREATE TABLE deliveries (
 
 # claim: a range scan in next_attempt_at order over pending rows, however large the inbox grows.
 CREATE_INDEX_DUE = "CREATE INDEX events_due ON events (state, next_attempt_at)"
-# prune (state = 'done', received_at < ?), list by state, counts, oldest pending.
-CREATE_INDEX_STATE_RECEIVED = "CREATE INDEX events_state_received ON events (state, received_at)"
 CREATE_INDEX_RECEIVED = "CREATE INDEX events_received ON events (received_at)"
-# redeliver_dead without scanning every delivery; dead rows are few.
-CREATE_INDEX_DEAD = "CREATE INDEX deliveries_dead ON deliveries (event_id) WHERE state = 'dead'"
 
 SCHEMA_V1: tuple[str, ...] = (
     CREATE_EVENTS,
@@ -83,18 +80,8 @@ SCHEMA_V2: tuple[str, ...] = (
     "PRAGMA user_version = 2",
 )
 
-# Version 3, the inbox page (receiver.store.browse): filter by event name or job id, the latest
-# failures, dead letters by sink and error. The partial indexes hold only the rows they serve;
-# the last column, state, lets SQLite answer from the index alone (it does not infer the column
-# from the index's WHERE).
-SCHEMA_V3_BROWSE: tuple[str, ...] = (
-    "CREATE INDEX events_event_received ON events (event, received_at)",
-    "CREATE INDEX events_job ON events (job_id)",
-    "CREATE INDEX deliveries_failing ON deliveries (updated_at) WHERE last_error IS NOT NULL",
-    "CREATE INDEX deliveries_dead_groups ON deliveries (sink, last_error, updated_at, state)"
-    " WHERE state = 'dead'",
-    "PRAGMA user_version = 3",
-)
+# Version 3, the inbox page (see receiver.store.sql.schema).
+SCHEMA_V3_BROWSE: tuple[str, ...] = (*BROWSE_INDEXES, "PRAGMA user_version = 3")
 
 # Version 4: the watch list and the job-outcome ledger of pull mode (receiver.store.sqlite.pull).
 SCHEMA_V4_PULL: tuple[str, ...] = (*PULL_SCHEMA, "PRAGMA user_version = 4")

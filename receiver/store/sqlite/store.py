@@ -13,8 +13,9 @@ the connection it happened on; the next transaction reconnects, so the store hea
 fault clears.
 
 This module holds the connections, transactions and intake; the rest of :class:`SqliteStore`
-comes from mixins: :mod:`.lanes`, :mod:`.browse`, :mod:`.checkpoints`, :mod:`.pull` (schema in
-:mod:`.schema`, statements in :mod:`.sql`), each named as its twin in the other backends.
+comes from the flows the SQL backends share (:mod:`receiver.store.sql`), which run the statements
+of :mod:`.lanes`, :mod:`.browse` and :mod:`.pull`, and from :mod:`.checkpoints`; the schema is in
+:mod:`.schema`. Each module is named as its twin in the other backends.
 """
 
 from __future__ import annotations
@@ -34,8 +35,13 @@ from receiver.store import rules
 from receiver.store.batching import GroupCommit
 from receiver.store.pull import outcome_key
 from receiver.store.records import NewEvent
+from receiver.store.sql.browse import SqlBrowse
+from receiver.store.sql.conn import Conn
+from receiver.store.sql.lanes import SqlLanes
+from receiver.store.sql.pull import SqlPull
 from receiver.store.sqlite.browse import SqliteBrowse
-from receiver.store.sqlite.checkpoints import SqliteCheckpoints
+from receiver.store.sqlite.checkpoints import CHECKPOINT_EVERY_ITEMS, SqliteCheckpoints
+from receiver.store.sqlite.conn import SqliteConn
 from receiver.store.sqlite.faults import (
     _DB_ERRORS,
     _ITEM_ERRORS,
@@ -43,7 +49,7 @@ from receiver.store.sqlite.faults import (
     _is_busy,
     _unavailable,
 )
-from receiver.store.sqlite.intake import _Add, write_group
+from receiver.store.sqlite.intake import ROWS_PER_STATEMENT, _Add, write_group
 from receiver.store.sqlite.lanes import SqliteLanes
 from receiver.store.sqlite.pull import SqlitePull
 from receiver.store.sqlite.schema import (
@@ -65,12 +71,12 @@ from receiver.store.sqlite.schema import (
     ROLLBACK,
     SCHEMA_VERSION,
 )
-from receiver.store.sqlite.sql import CHECKPOINT_EVERY_ITEMS, PING, ROWS_PER_STATEMENT
 from receiver.store.sqlite.writer_turns import WriterTurns
 
 T = TypeVar("T")
 
 SQLITE_PREFIX = "sqlite:///"
+PING = "SELECT count(*) FROM (SELECT 1 FROM events LIMIT 1)"
 
 
 def sqlite_path(url: str) -> Path:
@@ -87,7 +93,7 @@ def sqlite_path(url: str) -> Path:
     return Path(rest)
 
 
-class SqliteStore(SqliteLanes, SqliteBrowse, SqliteCheckpoints, SqlitePull):
+class SqliteStore(SqlLanes, SqlBrowse, SqlPull, SqliteCheckpoints):
     """The inbox in one SQLite file (WAL), on three aiosqlite connections.
 
     - *intake*: :meth:`add_event` calls are gathered by a
@@ -110,6 +116,11 @@ class SqliteStore(SqliteLanes, SqliteBrowse, SqliteCheckpoints, SqlitePull):
     transaction and drops the connection; the next transaction reconnects, so the store heals
     once the fault clears.
     """
+
+    # The statements the flows written once (receiver.store.sql) run here.
+    _lane_sql = SqliteLanes
+    _browse_sql = SqliteBrowse
+    _pull_sql = SqlitePull
 
     def __init__(
         self,
@@ -353,6 +364,16 @@ class SqliteStore(SqliteLanes, SqliteBrowse, SqliteCheckpoints, SqlitePull):
             except _DB_ERRORS as exc:
                 await self._drop_after_fault("_read", exc)
                 raise _unavailable(exc, self.path) from exc
+
+    async def _run_read(self, fn: Callable[[Conn], Awaitable[T]], *, snapshot: bool = False) -> T:
+        """A flow's read (always one snapshot here)."""
+        return await self._read_tx(lambda conn: fn(SqliteConn(conn)))
+
+    async def _run_write(
+        self, fn: Callable[[Conn], Awaitable[T]], *, transaction: bool = True
+    ) -> T:
+        """A flow's write (always a transaction of its own here: one writer at a time)."""
+        return await self._write_tx(lambda conn: fn(SqliteConn(conn)))
 
     # -- the Store interface --------------------------------------------------------------------
 

@@ -1,0 +1,338 @@
+"""Reads, redeliveries, prunes and the inbox page's queries, written once for both SQL dialects
+(see :mod:`receiver.store.browse` for the pages).
+
+An event page is fixed ``WHERE`` fragments with named parameters (``:state``), joined by
+:func:`browse_sql` as the query needs them: no value is ever put into SQL text.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from receiver.errors import UnknownEvent
+from receiver.store.browse import (
+    Cursor,
+    DeadGroup,
+    DeadGroupList,
+    EventList,
+    EventQuery,
+    InboxOverview,
+    delivery_records,
+    lane_counts,
+)
+from receiver.store.records import DELIVERY_COLUMNS, EVENT_COLUMNS, EVENT_STATES, EventRecord
+from receiver.store.sql.conn import Conn, SqlMixin
+from receiver.store.sql.records import RecordSql, lock_event, recompute, with_deliveries
+
+# -- SQL both dialects run as it is -------------------------------------------------------------
+
+# Events by state and the oldest pending one, for counts().
+COUNTS = """
+SELECT
+    (SELECT count(*) FROM events WHERE state = 'pending'),
+    (SELECT count(*) FROM events WHERE state = 'done'),
+    (SELECT count(*) FROM events WHERE state = 'dead'),
+    (SELECT min(received_at) FROM events WHERE state = 'pending')
+"""
+BROWSE_SELECT = "SELECT " + EVENT_COLUMNS + " FROM events"
+WHERE_STATE = "state = :state"
+WHERE_EVENT = "event = :event"
+WHERE_SINK = "EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = events.id AND d.sink = :sink)"
+WHERE_SINK_STATE = (
+    "EXISTS (SELECT 1 FROM deliveries d"
+    " WHERE d.event_id = events.id AND d.sink = :sink AND d.state = :state)"
+)
+# A delivery still pending means its event is pending: the event-state index narrows the scan
+# to the pending events, however many finished ones there are.
+WHERE_PENDING_EVENT = "state = 'pending'"
+# Dead deliveries are few: read them from the deliveries side (the partial index on dead rows,
+# by sink) rather than scanning every event for one.
+WHERE_SINK_DEAD = "id IN (SELECT event_id FROM deliveries WHERE state = 'dead' AND sink = :sink)"
+# Two primary-key / job-id lookups, whatever order the page is in.
+WHERE_REF = (
+    "id IN (SELECT id FROM events WHERE id = :ref"
+    " UNION ALL SELECT id FROM events WHERE job_id = :ref)"
+)
+WHERE_SINCE = "received_at >= :since"
+WHERE_UNTIL = "received_at < :until"
+# (received_at, id) < cursor, written so that the received_at index bounds the scan.
+WHERE_BEFORE = "received_at <= :cursor_at AND (received_at < :cursor_at OR id < :cursor_id)"
+WHERE_AFTER = "received_at >= :cursor_at AND (received_at > :cursor_at OR id > :cursor_id)"
+ORDER_NEWEST_FIRST = " ORDER BY received_at DESC, id DESC LIMIT :limit"
+ORDER_OLDEST_FIRST = " ORDER BY received_at, id LIMIT :limit"
+
+
+def browse_sql(
+    query: EventQuery, *, before: Cursor | None, after: Cursor | None, limit: int
+) -> tuple[str, dict[str, Any]]:
+    """The statement (fixed fragments joined) and its named parameters for one event page.
+
+    With ``after`` the rows come oldest first (the page just newer than the cursor); the caller
+    reverses them.
+    """
+    clauses: list[str] = []
+    if query.sink is not None and query.state == "dead":
+        clauses.append(WHERE_SINK_DEAD)
+    elif query.sink is not None:
+        if query.state == "pending":
+            clauses.append(WHERE_PENDING_EVENT)
+        clauses.append(WHERE_SINK_STATE if query.state is not None else WHERE_SINK)
+    elif query.state is not None:
+        clauses.append(WHERE_STATE)
+    if query.event is not None:
+        clauses.append(WHERE_EVENT)
+    if query.ref is not None:
+        clauses.append(WHERE_REF)
+    if query.since is not None:
+        clauses.append(WHERE_SINCE)
+    if query.until is not None:
+        clauses.append(WHERE_UNTIL)
+    cursor = after if after is not None else before
+    if cursor is not None:
+        clauses.append(WHERE_AFTER if after is not None else WHERE_BEFORE)
+    sql = BROWSE_SELECT
+    if clauses:
+        sql += " WHERE " + " AND ".join(clauses)
+    sql += ORDER_OLDEST_FIRST if after is not None else ORDER_NEWEST_FIRST
+    params: dict[str, Any] = {
+        "state": query.state,
+        "event": query.event,
+        "sink": query.sink,
+        "ref": query.ref,
+        "since": query.since,
+        "until": query.until,
+        "cursor_at": cursor.received_at if cursor else None,
+        "cursor_id": cursor.id if cursor else None,
+        "limit": max(limit, 0),
+    }
+    return sql, params
+
+
+REDELIVER = """
+UPDATE deliveries
+SET state = 'pending', attempts = 0, next_attempt_at = :now, last_error = NULL, updated_at = :now
+WHERE event_id = :event_id AND state != 'skipped'
+"""
+
+REDELIVER_SINK = REDELIVER + " AND sink = :sink"
+
+# Served by the partial index deliveries_failing.
+LANES_FAILING = """
+SELECT sink, count(*) FROM deliveries
+WHERE last_error IS NOT NULL AND updated_at >= :since GROUP BY sink
+"""
+
+RECENT_ERRORS = (
+    "SELECT " + DELIVERY_COLUMNS + " FROM deliveries"
+    " WHERE last_error IS NOT NULL ORDER BY updated_at DESC LIMIT :limit"
+)
+
+# Served by the partial index deliveries_dead_groups (which holds the event id too).
+DEAD_GROUPS = """
+SELECT sink, last_error, count(*), min(updated_at), max(updated_at)
+FROM deliveries WHERE state = 'dead'
+GROUP BY sink, last_error ORDER BY count(*) DESC, sink, last_error LIMIT :limit
+"""
+
+DELIVERY_STATE = "SELECT state FROM deliveries WHERE event_id = :event_id AND sink = :sink"
+
+
+class BrowseSql:
+    """The statements a dialect runs for reads and redeliveries: a backend's subclass
+    (``<backend>/browse.py``) sets those without a value here; those with one are the SQL both
+    dialects run as it is. ``:ids`` is a list of event ids."""
+
+    RECORDS: ClassVar[type[RecordSql]]
+    #: Events newest first (``:limit``, ``:offset``), all or only those in ``:state``.
+    LIST_ALL: ClassVar[str]
+    LIST_BY_STATE: ClassVar[str]
+    #: Events whose job is to be fetched again first: those of ``:ids`` without a snapshot.
+    REENRICH: ClassVar[str]
+    #: The ids of the events with a dead delivery (of ``:sink`` whose last error is ``:error``),
+    #: locked where writers lock rows; then those deliveries made pending and due ``:now``.
+    LOCK_DEAD_EVENTS: ClassVar[str]
+    REDELIVER_DEAD: ClassVar[str]
+    LOCK_DEAD_GROUP_EVENTS: ClassVar[str]
+    REDELIVER_DEAD_GROUP: ClassVar[str]
+    #: Delete up to ``:limit`` done events received before ``:older_than``.
+    PRUNE_BATCH: ClassVar[str]
+    #: Pending deliveries by sink: backlog, oldest due, due at ``:now``, leased at ``:now``.
+    LANES_PENDING: ClassVar[str]
+    #: The newest ``:limit`` event ids of a dead group (``:sink``, ``:error``).
+    DEAD_SAMPLES: ClassVar[str]
+    REDELIVER: ClassVar[str] = REDELIVER
+    REDELIVER_SINK: ClassVar[str] = REDELIVER_SINK
+    LANES_FAILING: ClassVar[str] = LANES_FAILING
+    RECENT_ERRORS: ClassVar[str] = RECENT_ERRORS
+    DEAD_GROUPS: ClassVar[str] = DEAD_GROUPS
+    DELIVERY_STATE: ClassVar[str] = DELIVERY_STATE
+    COUNTS: ClassVar[str] = COUNTS
+
+
+async def _redelivered(c: Conn, sql: type[BrowseSql], event_ids: list[str], now: float) -> None:
+    """Events with deliveries to send again: their job fetched afresh first (the snapshot may be
+    stale by now), their states recomputed, every process's workers woken on commit."""
+    await c.run(sql.REENRICH, {"now": now, "ids": event_ids})
+    await recompute(c, sql.RECORDS, event_ids)
+    await c.notify()
+
+
+class SqlBrowse(SqlMixin):
+    """Reads, redeliveries, prunes and the inbox page of the SQL stores."""
+
+    _browse_sql: type[BrowseSql]
+
+    async def get(self, event_id: str) -> EventRecord | None:
+        sql = self._browse_sql.RECORDS
+
+        async def run(c: Conn) -> EventRecord | None:
+            rows = await c.rows(sql.SELECT_EVENT, {"event_id": event_id})
+            if not rows:
+                return None
+            return (await with_deliveries(c, sql, rows))[0]
+
+        return await self._run_read(run, snapshot=True)
+
+    async def list(
+        self, *, state: str | None = None, limit: int = 50, offset: int = 0
+    ) -> list[EventRecord]:
+        sql = self._browse_sql
+        params = {"state": state, "limit": max(limit, 0), "offset": max(offset, 0)}
+
+        async def run(c: Conn) -> list[EventRecord]:
+            rows = await c.rows(sql.LIST_ALL if state is None else sql.LIST_BY_STATE, params)
+            return await with_deliveries(c, sql.RECORDS, rows)
+
+        return await self._run_read(run, snapshot=True)
+
+    async def redeliver(self, event_id: str, *, now: float) -> int:
+        sql = self._browse_sql
+
+        async def run(c: Conn) -> int:
+            await lock_event(c, sql.RECORDS, event_id)
+            count = await c.run(sql.REDELIVER, {"now": now, "event_id": event_id})
+            if count:
+                await _redelivered(c, sql, [event_id], now)
+            return count
+
+        return await self._run_write(run)
+
+    async def redeliver_dead(self, *, now: float) -> int:
+        sql = self._browse_sql
+
+        async def run(c: Conn) -> int:
+            # Event rows first, in id order (as every other writer locks them).
+            ids = [row[0] for row in await c.rows(sql.LOCK_DEAD_EVENTS)]
+            if not ids:
+                return 0
+            count = await c.run(sql.REDELIVER_DEAD, {"now": now, "ids": ids})
+            await _redelivered(c, sql, ids, now)
+            return count
+
+        return await self._run_write(run)
+
+    async def prune(self, *, older_than: float, batch: int = 1000) -> int:
+        sql = self._browse_sql
+        params = {"older_than": older_than, "limit": max(batch, 1)}
+
+        async def run(c: Conn) -> int:
+            return await c.run(sql.PRUNE_BATCH, params)
+
+        total = 0
+        # One short transaction per batch: intake keeps committing in between, and row locks
+        # (where writers take them) are held for one batch only.
+        while True:
+            deleted = await self._run_write(run, transaction=False)
+            total += deleted
+            if deleted < params["limit"]:
+                return total
+
+    async def counts(self) -> tuple[dict[str, int], float | None]:
+        sql = self._browse_sql
+
+        async def run(c: Conn) -> tuple[dict[str, int], float | None]:
+            row = await c.row(sql.COUNTS)
+            assert row is not None
+            counts: dict[str, int] = {s: int(row[i]) for i, s in enumerate(EVENT_STATES)}
+            return counts, row[3]
+
+        return await self._run_read(run)
+
+    # -- reading for people (receiver.store.browse) ---------------------------------------------
+
+    async def browse(
+        self,
+        query: EventQuery,
+        *,
+        before: Cursor | None = None,
+        after: Cursor | None = None,
+        limit: int = 50,
+    ) -> EventList:
+        sql = self._browse_sql.RECORDS
+        statement, params = browse_sql(query, before=before, after=after, limit=limit)
+
+        async def run(c: Conn) -> EventList:
+            rows = list(await c.rows(statement, params))
+            if after is not None:
+                rows.reverse()
+            return await with_deliveries(c, sql, rows)
+
+        return await self._run_read(run, snapshot=True)
+
+    async def overview(
+        self, *, now: float, failing_since: float, errors: int = 10
+    ) -> InboxOverview:
+        sql = self._browse_sql
+
+        async def run(c: Conn) -> InboxOverview:
+            lanes = lane_counts(
+                await c.rows(sql.LANES_PENDING, {"now": now}),
+                await c.rows(sql.LANES_FAILING, {"since": failing_since}),
+            )
+            recent = delivery_records(await c.rows(sql.RECENT_ERRORS, {"limit": errors}))
+            return InboxOverview(lanes, recent)
+
+        return await self._run_read(run, snapshot=True)
+
+    async def dead_letters(self, *, groups: int = 100, samples: int = 5) -> DeadGroupList:
+        sql = self._browse_sql
+
+        async def run(c: Conn) -> DeadGroupList:
+            out = []
+            for sink, error, count, first, last in await c.rows(sql.DEAD_GROUPS, {"limit": groups}):
+                params = {"sink": sink, "error": error, "limit": samples}
+                ids = tuple(row[0] for row in await c.rows(sql.DEAD_SAMPLES, params))
+                out.append(DeadGroup(sink, error, count, first, last, ids))
+            return out
+
+        return await self._run_read(run, snapshot=True)
+
+    async def redeliver_sink(self, event_id: str, sink: str, *, now: float) -> int:
+        sql = self._browse_sql
+        params = {"now": now, "event_id": event_id, "sink": sink}
+
+        async def run(c: Conn) -> int:
+            if sql.RECORDS.LOCKS_ROWS:
+                await c.value(sql.RECORDS.LOCK_EVENT, params)
+            if await c.value(sql.DELIVERY_STATE, params) is None:
+                raise UnknownEvent(f"no delivery {sink!r} for event {event_id!r}")
+            count = await c.run(sql.REDELIVER_SINK, params)
+            if count:
+                await _redelivered(c, sql, [event_id], now)
+            return count
+
+        return await self._run_write(run)
+
+    async def redeliver_dead_group(self, sink: str, error: str | None, *, now: float) -> int:
+        sql = self._browse_sql
+
+        async def run(c: Conn) -> int:
+            group = {"sink": sink, "error": error}
+            ids = [row[0] for row in await c.rows(sql.LOCK_DEAD_GROUP_EVENTS, group)]
+            if not ids:
+                return 0
+            count = await c.run(sql.REDELIVER_DEAD_GROUP, {**group, "now": now, "ids": ids})
+            await _redelivered(c, sql, ids, now)
+            return count
+
+        return await self._run_write(run)
