@@ -2,9 +2,9 @@
 
 Every key is declared once, in the section dataclasses below, with its type, default, check and
 one line of help (see :mod:`receiver.config_schema` for how to add a key or a section).
-:func:`load_settings` reads the file, checks every key (unknown keys, wrong types, out-of-range
-values, sink tables) and raises one :class:`~receiver.errors.ConfigError` listing every problem,
-each naming its key. Secrets may come from the environment instead of the file:
+:func:`~receiver.config_load.load_settings` reads the file and checks every key, the ``[[sinks]]``
+tables too (:mod:`receiver.config_sinks`, against each sink type's keys); this module, below
+both, imports neither. Secrets may come from the environment instead of the file:
 ``RECEIVER_WEBHOOK_SECRETS`` (comma-separated), ``RECEIVER_API_KEY``, ``RECEIVER_ADMIN_TOKEN``,
 and ``RECEIVER_STORE_URL`` (replaces ``store.url``).
 """
@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +22,6 @@ from receiver.config_schema import (
     Section,
     at_least,
     between,
-    build_table,
-    did_you_mean,
     key,
     one_of,
     positive,
@@ -32,9 +29,6 @@ from receiver.config_schema import (
     rule,
     sections,
 )
-from receiver.config_sinks import SinkSettings as SinkSettings
-from receiver.config_sinks import build_sinks
-from receiver.errors import ConfigError
 
 DEFAULT_CONFIG_PATH = "config.toml"
 MIN_RETENTION_HOURS = 48
@@ -250,6 +244,27 @@ class LogSettings:
 
 
 @dataclass(frozen=True)
+class SinkSettings:
+    """One ``[[sinks]]`` table: the keys common to every sink, and the type's own keys."""
+
+    name: str
+    type: str
+    events: tuple[str, ...] = ()
+    job_types: tuple[str, ...] = ()
+    max_attempts: int | None = None
+    concurrency: int | None = None
+    timeout_seconds: float = 60.0
+    rate_limit_per_second: float = 0.0
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def wants_event(self, event_name: str) -> bool:
+        return not self.events or event_name in self.events
+
+    def wants_job_type(self, job_type: str | None) -> bool:
+        return not self.job_types or job_type in self.job_types
+
+
+@dataclass(frozen=True)
 class Settings:
     """The whole configuration: one field per section (see :mod:`receiver.config_schema`)."""
 
@@ -286,70 +301,6 @@ def config_path(explicit: str | None, env: Mapping[str, str] | None = None) -> P
     """``--config``, else ``$RECEIVER_CONFIG``, else ``./config.toml``."""
     env = os.environ if env is None else env
     return Path(explicit or env.get("RECEIVER_CONFIG") or DEFAULT_CONFIG_PATH)
-
-
-def load_settings(path: str | Path, env: Mapping[str, str] | None = None) -> Settings:
-    """Read and validate the config file at ``path``; raise ConfigError naming every bad key."""
-    path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise ConfigError(
-            f"config file {path} not found (`receiver init` writes one; --config PATH names "
-            "another)"
-        ) from None
-    except OSError as exc:
-        raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
-    try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise ConfigError(f"config file {path} is not UTF-8 text") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-    return parse_settings(data, env=env, source=str(path))
-
-
-def parse_settings(
-    data: Mapping[str, Any], *, env: Mapping[str, str] | None = None, source: str = "<memory>"
-) -> Settings:
-    """Validate an already-parsed TOML document (used by tests and by :func:`load_settings`)."""
-    env = os.environ if env is None else env
-    problems: list[str] = []
-    known = schema()
-    names = [s.name for s in known] + ["sinks"]
-    for name in data:
-        if name not in names:
-            problems.append(f"{name}: unknown section{did_you_mean(name, names)}")
-    values: dict[str, Any] = {}
-    for section in known:
-        values[section.name] = _build_section(section, data.get(section.name), env, problems, known)
-    sinks = build_sinks(data.get("sinks", []), problems)
-    if problems:
-        raise ConfigError(problems)
-    return Settings(**values, sinks=tuple(sinks), source=source)
-
-
-def _build_section(
-    section: Section, raw: Any, env: Mapping[str, str], problems: list[str], known: list[Section]
-) -> Any:
-    if not section.many:
-        if raw is not None and not isinstance(raw, dict):
-            problems.append(f"{section.name}: must be a table")
-            raw = None
-        return build_table(section, section.name, raw or {}, env, problems, other_sections=known)
-    if raw is not None and not isinstance(raw, list):
-        problems.append(f"{section.name}: must be an array of tables ([[{section.name}]])")
-        raw = None
-    tables = []
-    for index, table in enumerate(raw or []):
-        where = f"{section.name}[{index}]"
-        if not isinstance(table, dict):
-            problems.append(f"{where}: must be a table")
-            continue
-        built = build_table(section, where, table, {}, problems, other_sections=known)
-        if built is not None:
-            tables.append(built)
-    return tuple(tables)
 
 
 def changed_from_defaults(settings: Settings) -> list[str]:

@@ -1,39 +1,19 @@
 """``[[sinks]]`` tables: the keys common to every sink and each type's own keys.
 
 Each sink type declares its keys in :mod:`receiver.sinks.registry` (which imports no broker
-library); this module checks a config's sink tables against it.
+library); this module checks a config's sink tables against it and makes each a
+:class:`~receiver.config.SinkSettings` (:mod:`receiver.config_load` calls it for every config).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
+from receiver.config import SinkSettings
 from receiver.config_schema import did_you_mean, typed_values
 from receiver.sinks.checks import check_envelope
 from receiver.sinks.registry import COMMON_KEYS, SINK_TYPES, Option
-
-
-@dataclass(frozen=True)
-class SinkSettings:
-    """One ``[[sinks]]`` table: the keys common to every sink, and the type's own keys."""
-
-    name: str
-    type: str
-    events: tuple[str, ...] = ()
-    job_types: tuple[str, ...] = ()
-    max_attempts: int | None = None
-    concurrency: int | None = None
-    timeout_seconds: float = 60.0
-    rate_limit_per_second: float = 0.0
-    options: Mapping[str, Any] = field(default_factory=dict)
-
-    def wants_event(self, event_name: str) -> bool:
-        return not self.events or event_name in self.events
-
-    def wants_job_type(self, job_type: str | None) -> bool:
-        return not self.job_types or job_type in self.job_types
 
 
 def build_sinks(raw: Any, problems: list[str]) -> list[SinkSettings]:

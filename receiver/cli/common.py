@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from receiver.config import Settings, config_path, load_settings
+from receiver.config import Settings, config_path
+from receiver.config_load import load_settings
 from receiver.config_schema import suggest
 from receiver.errors import ReceiverError
 

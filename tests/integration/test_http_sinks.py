@@ -8,7 +8,7 @@ import time
 import aiohttp
 import pytest
 
-from receiver.config import parse_settings
+from receiver.config_load import parse_settings
 from receiver.errors import PermanentError, TransientError
 from receiver.lanes import lane_result
 from receiver.signature import verify

@@ -13,7 +13,7 @@ import pytest
 
 from receiver.app import Runtime
 from receiver.cli import main
-from receiver.config import load_settings
+from receiver.config_load import load_settings
 from receiver.config_render import render_config
 from tests.support.cli import run_cli
 from tests.support.helpers import ROOT, free_port

@@ -8,7 +8,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from receiver.app import Runtime
-from receiver.config import parse_settings
+from receiver.config_load import parse_settings
 from receiver.errors import PayloadError, StoreUnavailable
 from receiver.intake import ClientAddress
 from receiver.signature import sign, webhook_headers

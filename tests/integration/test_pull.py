@@ -10,7 +10,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from receiver.app import Runtime
-from receiver.config import parse_settings
+from receiver.config_load import parse_settings
 from tests.support.helpers import wait_for
 from tests.support.pull import (
     SECRET,

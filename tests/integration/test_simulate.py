@@ -12,7 +12,7 @@ from structlog.testing import capture_logs
 
 from receiver.app import Runtime
 from receiver.cli.common import CommandError
-from receiver.config import parse_settings
+from receiver.config_load import parse_settings
 from receiver.config_render import render_config
 from receiver.simulator.cli import options_from_args
 from receiver.simulator.delivery import DeliveryFaults

@@ -7,7 +7,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from receiver.app import Runtime
-from receiver.config import parse_settings
+from receiver.config_load import parse_settings
 from receiver.metrics import Metrics
 from receiver.simulator import Simulator
 from receiver.simulator.sender import WebhookSender

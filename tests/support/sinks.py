@@ -6,7 +6,8 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from receiver.config import SinkSettings, parse_settings
+from receiver.config import SinkSettings
+from receiver.config_load import parse_settings
 
 
 @contextlib.asynccontextmanager

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import tomllib
 
-from receiver.config import parse_settings, schema
+from receiver.config import schema
+from receiver.config_load import parse_settings
 from receiver.config_render import render_config, toml_value
 from receiver.config_schema import Key
 

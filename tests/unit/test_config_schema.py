@@ -9,13 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from receiver.config import (
-    Settings,
-    WorkerSettings,
-    changed_from_defaults,
-    parse_settings,
-    schema,
-)
+from receiver.config import Settings, WorkerSettings, changed_from_defaults, schema
+from receiver.config_load import parse_settings
 from receiver.config_schema import (
     Section,
     all_keys,

@@ -8,7 +8,7 @@ import asyncio
 from structlog.testing import capture_logs
 
 from receiver.app import Runtime
-from receiver.config import parse_settings
+from receiver.config_load import parse_settings
 from receiver.metrics import Metrics
 from receiver.store.memory import MemoryStore
 from receiver.supervisor import Supervisor
