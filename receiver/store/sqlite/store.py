@@ -14,8 +14,9 @@ fault clears.
 
 This module holds the connections, transactions and intake; the rest of :class:`SqliteStore`
 comes from the flows the SQL backends share (:mod:`receiver.store.sql`), which run the statements
-of :mod:`.lanes`, :mod:`.browse` and :mod:`.pull`, and from :mod:`.checkpoints`; the schema is in
-:mod:`.schema`. Each module is named as its twin in the other backends.
+of :mod:`.lanes`, :mod:`.browse` and :mod:`.pull`, from :mod:`.checkpoints` and from
+:mod:`.migrate` (schema in :mod:`.schema`). Each module is named as its twin in the other
+backends.
 """
 
 from __future__ import annotations
@@ -51,13 +52,13 @@ from receiver.store.sqlite.faults import (
 )
 from receiver.store.sqlite.intake import ROWS_PER_STATEMENT, _Add, write_group
 from receiver.store.sqlite.lanes import SqliteLanes
+from receiver.store.sqlite.migrate import SqliteMigrations
 from receiver.store.sqlite.pull import SqlitePull
 from receiver.store.sqlite.schema import (
     BEGIN_READ,
     BEGIN_WRITE,
     CHECKPOINT,
     COMMIT,
-    MIGRATIONS,
     PRAGMA_FOREIGN_KEYS,
     PRAGMA_JOURNAL_MODE,
     PRAGMA_JOURNAL_SIZE_LIMIT,
@@ -66,10 +67,8 @@ from receiver.store.sqlite.schema import (
     PRAGMA_SYNC_FULL,
     PRAGMA_SYNC_NORMAL,
     PRAGMA_TEMP_STORE_MEMORY,
-    PRAGMA_USER_VERSION,
     PRAGMA_WAL,
     ROLLBACK,
-    SCHEMA_VERSION,
 )
 from receiver.store.sqlite.writer_turns import WriterTurns
 
@@ -93,7 +92,7 @@ def sqlite_path(url: str) -> Path:
     return Path(rest)
 
 
-class SqliteStore(SqlLanes, SqlBrowse, SqlPull, SqliteCheckpoints):
+class SqliteStore(SqlLanes, SqlBrowse, SqlPull, SqliteCheckpoints, SqliteMigrations):
     """The inbox in one SQLite file (WAL), on three aiosqlite connections.
 
     - *intake*: :meth:`add_event` calls are gathered by a
@@ -246,29 +245,6 @@ class SqliteStore(SqlLanes, SqlBrowse, SqlPull, SqliteCheckpoints):
             raise
         return conn
 
-    async def _migrate(self, conn: aiosqlite.Connection) -> None:
-        version = await _user_version(conn)
-        if version == SCHEMA_VERSION:
-            return  # nothing to write: opening a read-only file still works
-        if version > SCHEMA_VERSION:
-            raise StoreUnavailable(
-                f"the inbox database {self.path} has schema version {version}, newer than this "
-                f"receiver knows ({SCHEMA_VERSION}); upgrade the receiver"
-            )
-        if not self.settings.auto_migrate:
-            raise StoreUnavailable(
-                f"the inbox database {self.path} has schema version {version}, this receiver "
-                f"needs {SCHEMA_VERSION}; enable store.auto_migrate"
-            )
-
-        async def apply(conn: aiosqlite.Connection) -> None:
-            # Read again under the write lock: another process may have migrated meanwhile.
-            for statements in MIGRATIONS[await _user_version(conn) :]:
-                for statement in statements:
-                    await conn.execute(statement)
-
-        await self._transaction(conn, apply)
-
     # -- transactions ---------------------------------------------------------------------------
 
     def _check_open(self) -> None:
@@ -393,8 +369,3 @@ class SqliteStore(SqlLanes, SqlBrowse, SqlPull, SqliteCheckpoints):
 
     def on_new_events(self, callback: Callable[[], None]) -> None:
         """Nothing to do: SQLite cannot tell this process about other processes' writes."""
-
-
-async def _user_version(conn: aiosqlite.Connection) -> int:
-    ((version,),) = await conn.execute_fetchall(PRAGMA_USER_VERSION)
-    return int(version)
