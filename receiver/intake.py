@@ -17,14 +17,17 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from multidict import CIMultiDict
 
 from receiver import faults
 from receiver.config import Settings
 from receiver.errors import PayloadError, SignatureError, StoreError
 from receiver.logs import get_logger
+from receiver.loop_metrics import Count
 from receiver.metrics import WEBHOOK_OUTCOMES, Metrics
 from receiver.secrets import SecretBox
-from receiver.signature import LEGACY_SIGNATURE_HEADER, SIGNATURE_HEADER, verify
+from receiver.signature import LEGACY_SIGNATURE_HEADER, SIGNATURE_HEADER
+from receiver.signature import check as check_signature
 from receiver.store.base import Store
 from receiver.store.records import NewEvent
 
@@ -70,17 +73,20 @@ def page_window(request: web.Request, default_limit: int) -> tuple[int, int] | w
     return limit, offset
 
 
+# The accepted answer's bytes around the id, and its headers, made once (the id is filled in).
+_ACCEPTED_HEAD = b'{"received": true, "id": '
+_ACCEPTED_TAIL = {False: b', "duplicate": false}', True: b', "duplicate": true}'}
+_JSON_HEADERS = CIMultiDict({"Content-Type": "application/json; charset=utf-8"})
+
+
 def accepted_response(event_id: str, *, duplicate: bool) -> web.Response:
     """``{"received": true, "id": ..., "duplicate": ...}``, as json_response would write it.
 
     Built from bytes: this answers every accepted webhook, and json.dumps of a dict is most of
     the cost of json_response.
     """
-    body = b'{"received": true, "id": %s, "duplicate": %s}' % (
-        orjson.dumps(event_id),
-        b"true" if duplicate else b"false",
-    )
-    return web.Response(body=body, content_type="application/json", charset="utf-8")
+    body = _ACCEPTED_HEAD + orjson.dumps(event_id) + _ACCEPTED_TAIL[duplicate]
+    return web.Response(body=body, headers=_JSON_HEADERS)
 
 
 def parse_event(body: bytes) -> dict[str, Any]:
@@ -158,10 +164,13 @@ class Intake:
         self._client_address = ClientAddress(settings.server.trusted_proxies)
         # Decided once: at other levels an accepted webhook costs no logging work at all.
         self._log_accepted = settings.log.level == "debug"
-        # Metric children resolved once: labels() takes a lock and a dict lookup every call.
+        # Counter series resolved once; each is a plain number the loop adds to
+        # (receiver.loop_metrics).
         self._outcomes = {o: metrics.webhook_requests.labels(o) for o in WEBHOOK_OUTCOMES}
+        self._accepted = self._outcomes["accepted"]
+        self._duplicate = self._outcomes["duplicate"]
         self._from_webhook = metrics.pull_events.labels("webhook")
-        self._secret_matches: dict[int, Any] = {}
+        self._secret_matches: dict[int, Count] = {}
         #: Requests being handled now (graceful shutdown waits for them).
         self.in_flight = 0
         self._draining = False
@@ -215,47 +224,28 @@ class Intake:
         return True
 
     async def _handle(self, request: web.Request) -> web.Response:
-        server = self._settings.server
-        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
-        if encoding not in ("", "identity"):
+        headers = request.headers
+        encoding = headers.get("Content-Encoding")
+        if encoding is not None and (encoding := encoding.strip().lower()) not in ("", "identity"):
             return self._reject(
                 request, "malformed", f"Content-Encoding {encoding} is not accepted"
             )
-        length = request.content_length
-        if length is not None and length > server.max_body_bytes:
-            return self._reject(
-                request, "too_large", f"body is larger than {server.max_body_bytes} bytes"
-            )
-        try:
-            if request.content.is_eof():
-                body = await request.read()  # all received already: nothing to wait for
-            else:
-                async with asyncio.timeout(server.read_timeout_seconds):
-                    body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return self._reject(
-                request, "too_large", f"body is larger than {server.max_body_bytes} bytes"
-            )
-        except TimeoutError:
-            return self._reject(request, "malformed", "body was not received in time")
-        except Exception as exc:
-            return self._reject(
-                request, "malformed", f"body could not be read ({type(exc).__name__})"
-            )
+        body = await self._read_body(request)
+        if isinstance(body, web.Response):
+            return body
 
-        headers = request.headers
-        signature = headers.getall(SIGNATURE_HEADER, None)
         webhook = self._settings.webhook
         now = self._clock()
+        signature = headers.getall(SIGNATURE_HEADER, None)
         try:
-            verified = verify(
-                secrets=self._secrets.secrets,
-                body=body,
-                header=",".join(signature) if signature else None,
-                now=now,
-                tolerance_seconds=webhook.tolerance_seconds,
-                legacy_header=headers.get(LEGACY_SIGNATURE_HEADER),
-                allow_legacy=webhook.allow_legacy_signature,
+            secret_index, timestamp = check_signature(
+                self._secrets.keys,
+                body,
+                ",".join(signature) if signature else None,
+                now,
+                webhook.tolerance_seconds,
+                headers.get(LEGACY_SIGNATURE_HEADER) if signature is None else None,
+                webhook.allow_legacy_signature,
             )
         except SignatureError as exc:
             extra = {} if exc.skew_seconds is None else {"skew_seconds": round(exc.skew_seconds, 1)}
@@ -263,16 +253,17 @@ class Intake:
 
         try:
             event = parse_event(body)
+            event_id = event["id"]
             header_id = headers.get("Service-Event-Id")
-            if header_id is not None and header_id != event["id"]:
+            if header_id is not None and header_id != event_id:
                 raise PayloadError("Service-Event-Id does not match the body's id")
         except PayloadError as exc:
             return self._reject(request, "malformed", exc.message)
 
         name = event["event"]
-        info = self._name_info(name)
+        info = self._by_name.get(name) or self._name_info(name)
         new = NewEvent(
-            id=event["id"],
+            id=event_id,
             event=name,
             job_id=event["job_id"],
             body=body,
@@ -285,21 +276,21 @@ class Intake:
         except PayloadError as exc:  # a value no store can keep (parse_event refuses it first)
             return self._reject(request, "malformed", exc.message)
         except StoreError as exc:
-            log.error("event could not be stored", event_id=new.id, error=exc.message)
+            log.error("event could not be stored", event_id=event_id, error=exc.message)
             return self._reject(request, "unavailable", "the event could not be stored")
         faults.reached("after_commit")
 
-        self._secret_match(verified.secret_index).inc()
-        if verified.skew_seconds is not None:
-            self._metrics.signature_skew.observe(verified.skew_seconds)
+        (self._secret_matches.get(secret_index) or self._secret_match(secret_index)).value += 1
+        if timestamp is not None:
+            self._metrics.signature_skew.observe(now - timestamp)
         if added:
-            self._outcomes["accepted"].inc()
-            self._from_webhook.inc()
-            info.received.inc()
+            self._accepted.value += 1
+            self._from_webhook.value += 1
+            info.received.value += 1
             if self._log_accepted:
                 log.debug(
                     "webhook accepted",
-                    event_id=new.id,
+                    event_id=event_id,
                     job_id=new.job_id,
                     event_name=name,
                     client=self._client_address(request),
@@ -307,10 +298,36 @@ class Intake:
             if self._on_stored is not None:
                 self._on_stored()
         else:
-            self._outcomes["duplicate"].inc()
-            info.duplicate.inc()
-            log.info("duplicate event acknowledged", event_id=new.id)
-        return accepted_response(new.id, duplicate=not added)
+            self._duplicate.value += 1
+            info.duplicate.value += 1
+            log.info("duplicate event acknowledged", event_id=event_id)
+        return accepted_response(event_id, duplicate=not added)
+
+    async def _read_body(self, request: web.Request) -> bytes | web.Response:
+        """The whole body (at most ``server.max_body_bytes``), or the answer refusing it."""
+        server = self._settings.server
+        limit = server.max_body_bytes
+        length = request.content_length
+        if length is not None and length > limit:
+            return self._reject(request, "too_large", f"body is larger than {limit} bytes")
+        content = request.content
+        try:
+            if content.is_eof():  # all received already: nothing to wait for, no timer
+                body = content.read_nowait()
+            else:
+                async with asyncio.timeout(server.read_timeout_seconds):
+                    body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return self._reject(request, "too_large", f"body is larger than {limit} bytes")
+        except TimeoutError:
+            return self._reject(request, "malformed", "body was not received in time")
+        except Exception as exc:
+            return self._reject(
+                request, "malformed", f"body could not be read ({type(exc).__name__})"
+            )
+        if len(body) > limit:  # chunked, and all arrived at once
+            return self._reject(request, "too_large", f"body is larger than {limit} bytes")
+        return body
 
     def _name_info(self, name: str) -> _NameInfo:
         info = self._by_name.get(name)
@@ -325,7 +342,7 @@ class Intake:
                 self._by_name[name] = info
         return info
 
-    def _secret_match(self, index: int) -> Any:
+    def _secret_match(self, index: int) -> Count:
         child = self._secret_matches.get(index)
         if child is None:
             child = self._secret_matches[index] = self._metrics.secret_matches.labels(str(index))
@@ -337,5 +354,5 @@ class _NameInfo:
     """What intake needs per event name: the sinks that want it, its counters."""
 
     sinks: tuple[str, ...]
-    received: Any
-    duplicate: Any
+    received: Count
+    duplicate: Count

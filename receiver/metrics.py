@@ -8,6 +8,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from receiver.loop_metrics import LoopCounter, LoopHistogram
+
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 WEBHOOK_OUTCOMES = (
@@ -35,7 +37,9 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.webhook_requests = Counter(
+        # The families intake counts for every webhook: plain numbers in the event loop, read by
+        # a custom collector at scrape time (receiver.loop_metrics).
+        self.webhook_requests = LoopCounter(
             "receiver_webhook_requests",
             "Webhook requests on the public listener, by outcome.",
             ["outcome"],
@@ -43,19 +47,19 @@ class Metrics:
         )
         for outcome in WEBHOOK_OUTCOMES:
             self.webhook_requests.labels(outcome)
-        self.signature_skew = Histogram(
+        self.signature_skew = LoopHistogram(
             "receiver_signature_skew_seconds",
             "Receiver clock minus the signature timestamp, for accepted webhooks.",
             buckets=_SKEW_BUCKETS,
             registry=r,
         )
-        self.secret_matches = Counter(
+        self.secret_matches = LoopCounter(
             "receiver_webhook_secret_matches",
             "Verified webhooks by the position of the secret that matched (0 = first).",
             ["secret_index"],
             registry=r,
         )
-        self.events = Counter(
+        self.events = LoopCounter(
             "receiver_events",
             "Events by name and outcome (received, duplicate, processed, dead).",
             ["event", "outcome"],
@@ -153,7 +157,7 @@ class Metrics:
             ["state"],
             registry=r,
         )
-        self.pull_events = Counter(
+        self.pull_events = LoopCounter(
             "receiver_pull_events",
             "Events stored by the way they arrived: webhook, poll (a watched job) or reconcile.",
             ["source"],

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from receiver.config import WebhookSettings
 from receiver.errors import ConfigError
+from receiver.signature import HmacKey
 
 
 def read_secrets_file(path: str | Path) -> tuple[str, ...]:
@@ -40,6 +41,8 @@ class SecretBox:
     def __init__(self, settings: WebhookSettings) -> None:
         self._settings = settings
         self.secrets: tuple[str, ...] = ()
+        #: The secrets as HMAC keys, prepared once (intake's hot path).
+        self.keys: tuple[HmacKey, ...] = ()
         self.reload()
 
     def reload(self) -> int:
@@ -53,5 +56,5 @@ class SecretBox:
                 "webhook.secrets: no secret configured (webhook.secrets, webhook.secrets_file "
                 "or RECEIVER_WEBHOOK_SECRETS)"
             )
-        self.secrets = secrets
+        self.secrets, self.keys = secrets, tuple(HmacKey(s) for s in secrets)
         return len(secrets)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -98,31 +99,41 @@ def parse_header(header: str) -> tuple[int, list[str]]:
     return timestamp, signatures
 
 
-def verify(
-    *,
-    secrets: Sequence[str],
+# What the upstream sends: one timestamp, then one signature. Such a header is split by one
+# match; any other goes through parse_header, which accepts exactly the same for this shape.
+_USUAL_HEADER = re.compile(r"t=([0-9]{1,12}),v1=([0-9a-fA-F]{64})")
+
+
+def _digests(header: str) -> tuple[int, list[bytes]]:
+    """:func:`parse_header` with the signatures as the 32 bytes they spell."""
+    usual = _USUAL_HEADER.fullmatch(header)
+    if usual is not None:
+        return int(usual[1]), [bytes.fromhex(usual[2])]
+    timestamp, signatures = parse_header(header)
+    return timestamp, [bytes.fromhex(s) for s in signatures]
+
+
+def check(
+    keys: Sequence[str | bytes | HmacKey],
     body: bytes,
     header: str | None,
     now: float,
     tolerance_seconds: float,
     legacy_header: str | None = None,
     allow_legacy: bool = False,
-) -> Verified:
-    """Check a webhook's signature over its exact raw bytes.
-
-    Every comparison is constant-time. Raises :class:`SignatureError` whose ``outcome`` is
-    ``missing_signature``, ``invalid_signature`` or ``stale_timestamp``.
-    """
+) -> tuple[int, int | None]:
+    """:func:`verify` without building its result: the position of the matching secret and
+    the signature's timestamp (None for a legacy signature). Intake calls this for every
+    webhook, with the secrets prepared once (``keys``: see :class:`HmacKey`)."""
     if header is None:
         if allow_legacy and legacy_header is not None:
-            return _verify_legacy(secrets, body, legacy_header)
+            return _verify_legacy(keys, body, legacy_header), None
         raise SignatureError("missing_signature", f"no {SIGNATURE_HEADER} header")
-    timestamp, signatures = parse_header(header)
-    signed = str(timestamp).encode() + b"." + body
+    timestamp, signatures = _digests(header)
+    signed = b"%d.%b" % (timestamp, body)
     matched: int | None = None
-    for index, secret in enumerate(secrets):
-        # hmac.digest: OpenSSL's one-shot HMAC, without building an HMAC object per request.
-        expected = hmac.digest(secret.encode(), signed, "sha256").hex()
+    for index, key in enumerate(keys):
+        expected = _key(key).digest(signed)
         for candidate in signatures:
             if hmac.compare_digest(expected, candidate) and matched is None:
                 matched = index
@@ -136,22 +147,83 @@ def verify(
             f"(tolerance {tolerance_seconds:.0f} s)",
             skew_seconds=skew,
         )
-    return Verified(secret_index=matched, timestamp=timestamp, skew_seconds=skew, scheme="v1")
+    return matched, timestamp
 
 
-def _verify_legacy(secrets: Sequence[str], body: bytes, header: str) -> Verified:
+def verify(
+    *,
+    secrets: Sequence[str | bytes | HmacKey],
+    body: bytes,
+    header: str | None,
+    now: float,
+    tolerance_seconds: float,
+    legacy_header: str | None = None,
+    allow_legacy: bool = False,
+) -> Verified:
+    """Check a webhook's signature over its exact raw bytes.
+
+    Every comparison is constant-time. Raises :class:`SignatureError` whose ``outcome`` is
+    ``missing_signature``, ``invalid_signature`` or ``stale_timestamp``.
+    """
+    index, timestamp = check(
+        secrets, body, header, now, tolerance_seconds, legacy_header, allow_legacy
+    )
+    if timestamp is None:
+        return Verified(secret_index=index, timestamp=None, skew_seconds=None, scheme="legacy")
+    return Verified(
+        secret_index=index, timestamp=timestamp, skew_seconds=now - timestamp, scheme="v1"
+    )
+
+
+class HmacKey:
+    """An HMAC-SHA256 key with its two padded blocks hashed once (RFC 2104).
+
+    ``digest(message)`` equals ``hmac.digest(secret, message, "sha256")``: a copy of each
+    prepared hash takes the message and the inner digest, which saves hashing the padded key
+    twice and OpenSSL looking the algorithm up by name on every call (half the time of an
+    800-byte webhook's HMAC).
+    """
+
+    __slots__ = ("_inner", "_outer")
+
+    def __init__(self, secret: str | bytes) -> None:
+        key = secret.encode() if isinstance(secret, str) else secret
+        if len(key) > _BLOCK:
+            key = hashlib.sha256(key).digest()
+        key = key.ljust(_BLOCK, b"\0")
+        self._inner = hashlib.sha256(key.translate(_IPAD))
+        self._outer = hashlib.sha256(key.translate(_OPAD))
+
+    def digest(self, message: bytes) -> bytes:
+        inner = self._inner.copy()
+        inner.update(message)
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        return outer.digest()
+
+
+_BLOCK = 64  # SHA-256's block size
+_IPAD = bytes(b ^ 0x36 for b in range(256))
+_OPAD = bytes(b ^ 0x5C for b in range(256))
+
+
+def _key(secret: str | bytes | HmacKey) -> HmacKey:
+    return secret if isinstance(secret, HmacKey) else HmacKey(secret)
+
+
+def _verify_legacy(keys: Sequence[str | bytes | HmacKey], body: bytes, header: str) -> int:
     scheme, sep, value = header.strip().partition("=")
     if not sep or scheme != "sha256" or len(value) != 64 or not _HEX.issuperset(value):
         raise SignatureError("invalid_signature", f"{LEGACY_SIGNATURE_HEADER} is malformed")
-    value = value.lower()
+    signature = bytes.fromhex(value)
     matched: int | None = None
-    for index, secret in enumerate(secrets):
-        expected = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
-        if hmac.compare_digest(expected, value) and matched is None:
+    for index, key in enumerate(keys):
+        expected = _key(key).digest(body)
+        if hmac.compare_digest(expected, signature) and matched is None:
             matched = index
     if matched is None:
         raise SignatureError("invalid_signature", "legacy signature matches no configured secret")
-    return Verified(secret_index=matched, timestamp=None, skew_seconds=None, scheme="legacy")
+    return matched
 
 
 # --- Standard Webhooks (https://www.standardwebhooks.com), for what the receiver sends ---------

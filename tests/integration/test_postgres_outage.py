@@ -118,7 +118,7 @@ async def test_database_down_intake_answers_503_workers_back_off_and_resume(
             await all_done(runtime, [first, *outage])
             assert (await ops.get("/readyz")).status == 200
             assert files_under(tmp_path / "dl") == expected_files(upstream, [first, *outage])
-            unavailable = runtime.metrics.webhook_requests.labels("unavailable")._value.get()
+            unavailable = runtime.metrics.webhook_requests.labels("unavailable").get()
             assert unavailable == 5
     finally:
         await proxy.stop()

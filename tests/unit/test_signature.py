@@ -6,7 +6,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from receiver.errors import SignatureError
-from receiver.signature import compute, parse_header, sign, verify, webhook_headers
+from receiver.signature import (
+    HmacKey,
+    compute,
+    parse_header,
+    sign,
+    verify,
+    webhook_headers,
+)
+from receiver.signature import check as check_signature
 
 SECRET = "whsec_test"
 BODY = b'{"id":"evt_1","object":"event","event":"job.completed","job_id":"job_1"}'
@@ -148,3 +156,21 @@ def test_arbitrary_headers_never_raise_anything_else(header):
         check(header)
     except SignatureError as exc:
         assert exc.outcome in ("invalid_signature", "stale_timestamp")
+
+
+@given(key=st.binary(max_size=200), message=st.binary(max_size=2048))
+def test_prepared_key_is_hmac_sha256(key, message):
+    """HmacKey (the padded key hashed once) gives the standard library's HMAC, for keys
+    shorter than, as long as and longer than SHA-256's 64-byte block."""
+    assert HmacKey(key).digest(message) == hmac.digest(key, message, "sha256")
+    assert HmacKey(key.decode("latin-1")).digest(message) == hmac.digest(
+        key.decode("latin-1").encode(), message, "sha256"
+    )
+
+
+def test_check_takes_prepared_keys_and_gives_position_and_timestamp():
+    keys = (HmacKey("old-secret"), HmacKey(SECRET))
+    header = sign(SECRET, BODY, NOW - 7)
+    assert check_signature(keys, BODY, header, NOW, 300) == (1, NOW - 7)
+    legacy = "sha256=" + hmac.new(SECRET.encode(), BODY, hashlib.sha256).hexdigest()
+    assert check_signature(keys, BODY, None, NOW, 300, legacy, True) == (1, None)
