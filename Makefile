@@ -187,6 +187,7 @@ test-postgres: $(VENV)/.installed-dev  ## the Postgres tests alone (PostgreSQL o
 # Each benchmark measures its baselines in the same run and prints ratios; BENCH_ARGS passes
 # options through (e.g. `make bench-ingest BENCH_ARGS="--rounds 5 --loop asyncio"`).
 .PHONY: bench bench-ingest bench-scale bench-e2e bench-lanes bench-web bench-tools fuzz
+.PHONY: bench-steps bench-profile
 .PHONY: fuzz-webhook
 BENCH_ARGS ?=
 FUZZ_EXAMPLES ?= 100000
@@ -196,13 +197,20 @@ $(VENV)/.installed-bench: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[dev,uvloop]'
 	touch $(VENV)/.installed $(VENV)/.installed-dev $@
 
-bench-tools:  ## wrk, from the distribution, only when missing
-	@command -v wrk >/dev/null 2>&1 || { \
+bench-tools:  ## wrk and gcc (for bench-ingest's slow-disk shim), from the distribution, only when missing
+	@command -v wrk >/dev/null 2>&1 && command -v gcc >/dev/null 2>&1 || { \
 		sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
-		$$sudo apt-get update && $$sudo apt-get install -y wrk; }
+		$$sudo apt-get update && $$sudo apt-get install -y wrk gcc; }
 
-bench-ingest: $(VENV)/.installed-bench bench-tools  ## intake on SQLite and Postgres (and --processes 2) vs a bare handler, per-request commits and storing nothing
+bench-ingest: $(VENV)/.installed-bench bench-tools  ## intake on SQLite and Postgres vs a bare handler, per-request commits and storing nothing; SQLite and per-request commits on a disk adding 2 ms a sync
 	$(BIN)/python -m bench.ingest $(BENCH_ARGS)
+
+bench-steps: $(VENV)/.installed-bench  ## intake's steps one by one and its whole handler, CPU time per webhook
+	$(BIN)/python -m bench.ingest.steps $(BENCH_ARGS)
+
+bench-profile: $(VENV)/.installed-bench bench-tools  ## py-spy on the receiver storing nothing under wrk: what is below Intake._handle
+	$(BIN)/pip install --quiet py-spy
+	$(BIN)/python -m bench.ingest.profile $(BENCH_ARGS)
 
 bench-scale: $(VENV)/.installed-bench bench-tools  ## 1M events stored vs empty; drain 100k
 	$(BIN)/python -m bench.scale $(BENCH_ARGS)

@@ -191,6 +191,8 @@ class WrkResult:
     non_2xx: int
     socket_errors: int
     reused: int
+    #: The server's CPU time per request (all its threads and child processes), when measured.
+    cpu_us: float = 0.0
 
     @property
     def rps(self) -> float:
@@ -357,6 +359,23 @@ def rss_mb(pid: int) -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return 0.0
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system, every thread) of a process and of its child processes so far.
+
+    Per request, this is what a server's work costs, whatever else shares the machine: unlike
+    its rate, it does not count the time the server waited for a core.
+    """
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            # After the command's name (in parentheses, which may hold spaces): state, ppid...
+            fields = stat.read_text().rpartition(")")[2].split()
+            if int(stat.parent.name) == pid or int(fields[1]) == pid:
+                total += (int(fields[11]) + int(fields[12])) / ticks
+    return total
 
 
 def peak_rss_mb(pid: int) -> float:

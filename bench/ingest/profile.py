@@ -48,6 +48,7 @@ def function_of(frame: str) -> str:
 def summarize(raw: Path, top: int) -> list[str]:
     """The report on py-spy's raw (collapsed stacks) output."""
     loop_samples = handler = 0
+    everywhere: collections.Counter[str] = collections.Counter()
     inclusive: collections.Counter[str] = collections.Counter()
     children: collections.Counter[str] = collections.Counter()
     own: collections.Counter[str] = collections.Counter()
@@ -61,6 +62,7 @@ def summarize(raw: Path, top: int) -> list[str]:
             continue
         loop_samples += count
         names = [function_of(f) for f in frames]
+        everywhere[names[-1]] += count
         index = next((i for i, n in enumerate(names) if n.startswith(HANDLER + " ")), None)
         if index is None:
             continue
@@ -89,12 +91,16 @@ def summarize(raw: Path, top: int) -> list[str]:
     lines += [f"  {share(n)}  {name}" for name, n in inclusive.most_common(top)]
     lines += ["", f"own time below {HANDLER} (the frame sampled):"]
     lines += [f"  {share(n)}  {name}" for name, n in own.most_common(top)]
+    lines += ["", "own time anywhere on the loop thread (aiohttp's machinery included):"]
+    lines += [f"  {share(n)}  {name}" for name, n in everywhere.most_common(top)]
     return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--target", default="no-store", choices=("no-store", "sqlite", "postgres"))
+    parser.add_argument(
+        "--target", default="no-store", choices=("no-store", "sqlite", "postgres", "bare")
+    )
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples a second")
     parser.add_argument("--connections", type=int, default=64)
