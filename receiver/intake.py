@@ -231,7 +231,7 @@ class Intake:
                 request, "malformed", f"Content-Encoding {encoding} is not accepted"
             )
         body = await self._read_body(request)
-        if isinstance(body, web.Response):
+        if not isinstance(body, bytes):  # (not isinstance(body, Response): an ABC's check)
             return body
 
         webhook = self._settings.webhook
@@ -307,14 +307,14 @@ class Intake:
         """The whole body (at most ``server.max_body_bytes``), or the answer refusing it."""
         server = self._settings.server
         limit = server.max_body_bytes
-        length = request.content_length
-        if length is not None and length > limit:
-            return self._reject(request, "too_large", f"body is larger than {limit} bytes")
         content = request.content
         try:
             if content.is_eof():  # all received already: nothing to wait for, no timer
                 body = content.read_nowait()
             else:
+                length = request.content_length
+                if length is not None and length > limit:
+                    return self._reject(request, "too_large", f"body is larger than {limit} bytes")
                 async with asyncio.timeout(server.read_timeout_seconds):
                     body = await request.read()
         except web.HTTPRequestEntityTooLarge:
@@ -325,7 +325,7 @@ class Intake:
             return self._reject(
                 request, "malformed", f"body could not be read ({type(exc).__name__})"
             )
-        if len(body) > limit:  # chunked, and all arrived at once
+        if len(body) > limit:  # it had all arrived, whatever its Content-Length said
             return self._reject(request, "too_large", f"body is larger than {limit} bytes")
         return body
 

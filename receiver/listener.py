@@ -44,6 +44,10 @@ class HeaderDeadline(asyncio.Protocol):
                 self._timer.cancel()
                 self._timer = None
                 self._tail = b""
+                # Nothing left to watch: the transport talks to aiohttp's protocol directly
+                # from now on (one call less for every read of the connection).
+                if self._transport is not None:
+                    self._transport.set_protocol(self._inner)
             else:
                 self._tail = seen[-3:]  # the end marker may straddle two reads
         self._inner.data_received(data)
