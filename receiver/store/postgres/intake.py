@@ -29,7 +29,8 @@ JUDGING_ROUNDS = 3
 # A group of events in one statement, which is its own transaction (no BEGIN and COMMIT round
 # trips): the group's job outcomes (receiver.store.pull) claimed in the ledger in key order,
 # the events the outcome rule admits (arrays of columns, one element per event: its own claim
-# of its outcome, or a webhook beside an outcome a webhook brought), the deliveries of those
+# of its outcome, a webhook beside an outcome a webhook brought, or any reconcile event, which
+# names only assets no event took: receiver.store.pull), the deliveries of those
 # that were new, and one notification for the whole group (sent by Postgres on commit, only
 # when anything was new).
 #
@@ -58,6 +59,7 @@ WITH rows AS (
     INSERT INTO events (id, event, job_id, body, headers, received_at, state, enrich_at)
     SELECT id, event, job_id, body, headers, received_at, state, enrich_at FROM judged
     WHERE key IS NULL OR holder = id OR (held_by = 'webhook' AND source = 'webhook')
+        OR source = 'reconcile'
     ORDER BY id
     ON CONFLICT (id) DO NOTHING
     RETURNING id
