@@ -148,7 +148,9 @@ class Shape:
         """A webhook body as this shape sends it: sometimes only the guaranteed four fields."""
         object_id = str(body.get("id"))
         if self.name == "minimal" or self.chance(object_id, "minimal-event", 0.25):
-            kept = {f for (kind, f), how in self.pinned.items() if kind == "event" and how != ABSENT}
+            kept = {
+                f for (kind, f), how in self.pinned.items() if kind == "event" and how != ABSENT
+            }
             body = {k: v for k, v in body.items() if k in GUARANTEED_EVENT_FIELDS or k in kept}
         return self.apply("event", body, object_id, optional=EVENT_OPTIONAL)
 

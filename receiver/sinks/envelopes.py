@@ -17,8 +17,9 @@ sinks whose binding offers both (http, amqp, nats):
 - *binary*: the enriched event as the body, the attributes beside it: http ``ce-<name>``
   headers and ``Content-Type: application/json``; amqp ``cloudEvents_<name>`` application
   properties (message headers, values as their canonical strings; the ``_`` separator the
-  AMQP binding prefers, for JMS clients) and the ``content_type`` property; nats ``ce-<name>`` headers, ``ce-datacontenttype``
-  included, as the NATS binding maps every attribute to a header. Header values are
+  AMQP binding prefers, for JMS clients) and the ``content_type`` property; nats ``ce-<name>``
+  headers, ``ce-datacontenttype`` included, as the NATS binding maps every attribute to a
+  header. Header values are
   percent-encoded as the HTTP and NATS bindings prescribe.
 
 The format is written here rather than with the CloudEvents SDK: it is a handful of lines, the
