@@ -32,6 +32,7 @@ from receiver.store.browse import Cursor, DeadGroupList, EventList, EventQuery, 
 from receiver.store.lanes_model import LaneClaim, LanePolicy, LaneResult, LaneStats, Leases
 from receiver.store.pull import PullStore
 from receiver.store.records import EventRecord, EventState, NewEvent, Outcome, Snapshot
+from receiver.store.steps import Step
 
 
 class Store(PullStore, Protocol):
@@ -76,21 +77,29 @@ class Store(PullStore, Protocol):
         finished: Mapping[str, Outcome] | None = None,
         ledger: Sequence[LedgerEntry] = (),
         now: float,
+        steps: Sequence[Step] = (),
     ) -> EventState:
         """Store the event's snapshot (its deliveries become claimable), settle the deliveries
         in ``finished`` (sink -> outcome: filtered out, or no longer configured) and drop the
         enrichment lease. Also replaces an older snapshot (a delivery refetched a stale one).
         ``ledger`` goes into the asset ledger in the same transaction
-        (:mod:`receiver.store.asset_ledger`). Returns the event's state; raises UnknownEvent
-        for an unknown id."""
+        (:mod:`receiver.store.asset_ledger`), and ``steps`` (the upstream calls that fetched it,
+        :mod:`receiver.store.steps`) into its timeline. Returns the event's state; raises
+        UnknownEvent for an unknown id."""
 
     async def fail_enrichment(
-        self, event_id: str, *, error: str, retry_at: float | None, now: float
+        self,
+        event_id: str,
+        *,
+        error: str,
+        retry_at: float | None,
+        now: float,
+        steps: Sequence[Step] = (),
     ) -> EventState:
         """Record a failed enrichment attempt, as a failed attempt of every pending delivery of
         the event too (see :func:`receiver.store.rules.enrichment_failed`): due again at
-        ``retry_at``, or, when None, given up: dead with ``error``. Drops the lease; returns the
-        event's state."""
+        ``retry_at``, or, when None, given up: dead with ``error``. Drops the lease; ``steps``
+        (the calls that failed) go into its timeline; returns the event's state."""
 
     async def claim_deliveries(
         self, policy: LanePolicy, *, owner: str, limit: int, lease_seconds: float, now: float
@@ -116,9 +125,11 @@ class Store(PullStore, Protocol):
         *,
         now: float,
         lane: LaneResult | None = None,
+        steps: Sequence[Step] = (),
     ) -> EventState:
-        """Record the result of one delivery attempt (dropping its lease), update the event's
-        state and, with ``lane``, the lane's circuit and pause. Returns the event's new state
+        """Record the result of one delivery attempt (dropping its lease) and its ``steps`` (the
+        attempt, and any calls it made), update the event's state and, with ``lane``, the
+        lane's circuit and pause. Returns the event's new state
         (so exactly one settle sees an event finish)."""
 
     async def lane_stats(self, *, now: float) -> dict[str, LaneStats]:
@@ -126,6 +137,11 @@ class Store(PullStore, Protocol):
 
     async def get(self, event_id: str) -> EventRecord | None:
         """One event with its deliveries, or None."""
+
+    async def event_steps(self, event_id: str) -> list[Step]:
+        """The event's timeline: its upstream calls and delivery attempts by start time (the
+        newest :data:`~receiver.store.steps.MAX_STEPS_PER_DELIVERY` of each delivery); empty
+        for an unknown id."""
 
     async def list(
         self, *, state: str | None = None, limit: int = 50, offset: int = 0

@@ -40,6 +40,8 @@ class NewEvent:
     sinks: tuple[str, ...]
     #: ``webhook``, or ``poll``/``reconcile`` for events the receiver made (receiver.store.pull)
     source: str = "webhook"
+    #: The W3C traceparent of the span that stored it (tracing on), continued by its processing.
+    trace: str | None = None
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,9 @@ class EventRecord:
     enrich_at: float | None = None
     enrich_attempts: int = 0
     enrich_error: str | None = None
+    #: The traceparent stored with the event (see NewEvent.trace), and when it was written.
+    trace: str | None = None
+    stored_at: float | None = None
 
     def payload(self) -> dict[str, Any]:
         """The webhook body, parsed (it was validated as a JSON object at intake)."""
@@ -116,6 +121,8 @@ class EventRecord:
             "job_id": self.job_id,
             "state": self.state,
             "received_at": self.received_at,
+            "stored_at": self.stored_at,
+            "traceparent": self.trace,
             "enrichment": {
                 "fetched_at": self.snapshot.fetched_at if self.snapshot else None,
                 "attempts": self.enrich_attempts,
@@ -133,7 +140,7 @@ class EventRecord:
 # The column orders the SQL backends select in, so one function maps rows to records.
 EVENT_COLUMNS = (
     "id, event, job_id, body, headers, received_at, state, "
-    "snapshot, fetched_at, enrich_at, enrich_attempts, enrich_error"
+    "snapshot, fetched_at, enrich_at, enrich_attempts, enrich_error, trace, stored_at"
 )
 DELIVERY_COLUMNS = (
     "event_id, sink, state, attempts, next_attempt_at, last_error, updated_at, lease_expires_at"
@@ -177,6 +184,8 @@ def event_records(
             enrich_at=row[9],
             enrich_attempts=row[10],
             enrich_error=row[11],
+            trace=row[12],
+            stored_at=row[13],
         )
         for row in rows
     ]

@@ -117,7 +117,7 @@ def new_event_values(has_sinks: bool, received_at: float) -> tuple[EventState, f
 
 def new_event_row(event: NewEvent) -> tuple[tuple[Any, ...], tuple[str, ...]]:
     """How a new event is inserted: its row (id, event, job_id, body, headers, received_at,
-    state, enrichment due time) and its sinks, each once."""
+    state, enrichment due time, traceparent) and its sinks, each once."""
     sinks = tuple(dict.fromkeys(event.sinks))
     state, enrich_at = new_event_values(bool(sinks), event.received_at)
     row = (
@@ -129,6 +129,7 @@ def new_event_row(event: NewEvent) -> tuple[tuple[Any, ...], tuple[str, ...]]:
         event.received_at,
         state,
         enrich_at,
+        event.trace,
     )
     return row, sinks
 

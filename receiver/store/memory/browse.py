@@ -17,6 +17,7 @@ from receiver.store.browse import (
 )
 from receiver.store.memory.records import MemoryTables, reset_deliveries
 from receiver.store.records import EVENT_STATES, DeliveryRecord, EventRecord
+from receiver.store.steps import Step, in_order
 
 
 class MemoryBrowse(MemoryTables):
@@ -26,6 +27,11 @@ class MemoryBrowse(MemoryTables):
         self._check()
         ev = self._events.get(event_id)
         return ev.record() if ev is not None else None
+
+    async def event_steps(self, event_id: str) -> list[Step]:
+        self._check()
+        ev = self._events.get(event_id)
+        return [] if ev is None else in_order(s for kept in ev.steps.values() for s in kept)
 
     async def list(
         self, *, state: str | None = None, limit: int = 50, offset: int = 0

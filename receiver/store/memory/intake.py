@@ -19,7 +19,13 @@ class MemoryIntake(MemoryPull):
             return False
         sinks = tuple(dict.fromkeys(event.sinks))
         state, enrich_at = rules.new_event_values(bool(sinks), event.received_at)
-        ev = MemoryEvent(seq=next(self._seq), new=event, state=state, enrich_at=enrich_at)
+        ev = MemoryEvent(
+            seq=next(self._seq),
+            new=event,
+            state=state,
+            enrich_at=enrich_at,
+            stored_at=event.received_at,  # in memory the moment it is received
+        )
         for sink in sinks:
             ev.deliveries[sink] = MemoryDelivery(
                 sink=sink,

@@ -20,6 +20,7 @@ from receiver.store.lanes_model import (
 from receiver.store.memory.pull import MemoryPull
 from receiver.store.memory.records import MemoryDelivery, MemoryEvent
 from receiver.store.records import EventRecord, EventState, Outcome, Snapshot
+from receiver.store.steps import Step
 
 
 class MemoryLanes(MemoryPull):
@@ -51,9 +52,11 @@ class MemoryLanes(MemoryPull):
         finished: Mapping[str, Outcome] | None = None,
         ledger: Sequence[LedgerEntry] = (),
         now: float,
+        steps: Sequence[Step] = (),
     ) -> EventState:
         self._check()
         ev = self._event(event_id)
+        ev.add_steps(steps)
         if ev.snapshot is None or ev.snapshot.fetched_at <= snapshot.fetched_at:
             ev.snapshot = snapshot  # a refetched snapshot never replaces a newer one
             ev.enrich_at = None
@@ -68,10 +71,17 @@ class MemoryLanes(MemoryPull):
         return ev.state
 
     async def fail_enrichment(
-        self, event_id: str, *, error: str, retry_at: float | None, now: float
+        self,
+        event_id: str,
+        *,
+        error: str,
+        retry_at: float | None,
+        now: float,
+        steps: Sequence[Step] = (),
     ) -> EventState:
         self._check()
         ev = self._event(event_id)
+        ev.add_steps(steps)
         ev.enrich_attempts += 1
         ev.enrich_error = error
         ev.enrich_at = retry_at
@@ -175,6 +185,7 @@ class MemoryLanes(MemoryPull):
         *,
         now: float,
         lane: LaneResult | None = None,
+        steps: Sequence[Step] = (),
     ) -> EventState:
         self._check()
         ev = self._events.get(event_id)
@@ -182,6 +193,7 @@ class MemoryLanes(MemoryPull):
         if ev is None or delivery is None:
             raise UnknownEvent(f"no delivery {sink!r} for event {event_id!r}")
         delivery.settle(outcome, now)
+        ev.add_steps(steps)
         ev.recompute()
         if lane is not None:
             state = self._lanes.get(sink) or rules.fresh_lane(lane.policy, now)

@@ -4,6 +4,7 @@ tables every part of :class:`~receiver.store.memory.store.MemoryStore` shares.""
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -19,6 +20,7 @@ from receiver.store.records import (
     Outcome,
     Snapshot,
 )
+from receiver.store.steps import MAX_STEPS_PER_DELIVERY, Step
 
 
 @dataclass
@@ -54,6 +56,16 @@ class MemoryEvent:
     enrich_error: str | None = None
     lease_owner: str | None = None
     lease_expires_at: float | None = None
+    stored_at: float | None = None
+    #: The event's timeline by delivery ("" for its own fetches), the newest kept.
+    steps: dict[str, deque[Step]] = field(default_factory=dict)
+
+    def add_steps(self, steps: Iterable[Step]) -> None:
+        for step in steps:
+            kept = self.steps.get(step.sink)
+            if kept is None:
+                kept = self.steps[step.sink] = deque(maxlen=MAX_STEPS_PER_DELIVERY)
+            kept.append(step)
 
     def recompute(self) -> None:
         self.state = rules.event_state(d.state for d in self.deliveries.values())
@@ -88,6 +100,8 @@ class MemoryEvent:
             enrich_at=self.enrich_at,
             enrich_attempts=self.enrich_attempts,
             enrich_error=self.enrich_error,
+            trace=e.trace,
+            stored_at=self.stored_at,
         )
 
 

@@ -43,8 +43,9 @@ ADD_EVENTS = """
 WITH rows AS (
     SELECT * FROM unnest(
         $1::text[], $2::text[], $3::text[], $4::bytea[], $5::json[],
-        $6::double precision[], $7::text[], $8::double precision[], $14::text[], $15::text[]
-    ) AS r (id, event, job_id, body, headers, received_at, state, enrich_at, key, source)
+        $6::double precision[], $7::text[], $8::double precision[], $16::text[], $14::text[],
+        $15::text[]
+    ) AS r (id, event, job_id, body, headers, received_at, state, enrich_at, trace, key, source)
 ), claimed AS (
     INSERT INTO job_outcomes (key, event_id, source, created_at)
     SELECT key, id, source, received_at FROM rows WHERE key IS NOT NULL ORDER BY key, id
@@ -56,8 +57,12 @@ WITH rows AS (
     LEFT JOIN claimed c ON c.key = r.key
     LEFT JOIN job_outcomes o ON o.key = r.key
 ), ins AS (
-    INSERT INTO events (id, event, job_id, body, headers, received_at, state, enrich_at)
-    SELECT id, event, job_id, body, headers, received_at, state, enrich_at FROM judged
+    INSERT INTO events (
+        id, event, job_id, body, headers, received_at, state, enrich_at, trace, stored_at
+    )
+    SELECT id, event, job_id, body, headers, received_at, state, enrich_at, trace,
+        extract(epoch FROM clock_timestamp())::double precision
+    FROM judged
     WHERE key IS NULL OR holder = id OR (held_by = 'webhook' AND source = 'webhook')
         OR source = 'reconcile'
     ORDER BY id
@@ -129,7 +134,7 @@ class PostgresIntake:
 
     async def _add_rows(self, rows: list[NewEvent], conn: Any) -> tuple[set[str], set[str]]:
         """ADD_EVENTS for ``rows`` (distinct ids, in id order): the ids new, the ids not judged."""
-        columns: tuple[list[Any], ...] = ([], [], [], [], [], [], [], [])
+        columns: tuple[list[Any], ...] = ([], [], [], [], [], [], [], [], [])
         deliveries: tuple[list[Any], ...] = ([], [], [])
         for event in rows:
             row, sinks = rules.new_event_row(event)
@@ -141,8 +146,9 @@ class PostgresIntake:
                 deliveries[2].append(event.received_at)
         keys = [outcome_key(event.event, event.job_id) for event in rows]
         sources = [event.source for event in rows]
+        *values, traces = columns
         answer = await conn.fetchrow(
-            ADD_EVENTS, *columns, *deliveries, CHANNEL, self._schema, keys, sources
+            ADD_EVENTS, *values, *deliveries, CHANNEL, self._schema, keys, sources, traces
         )
         return set(answer["added"]), set(answer["unjudged"])
 

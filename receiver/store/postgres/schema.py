@@ -5,7 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from receiver.store.postgres.pull import ASSET_LEDGER_SCHEMA, PULL_SCHEMA
-from receiver.store.sql.schema import BROWSE_INDEXES, CREATE_INDEX_DEAD, CREATE_INDEX_STATE_RECEIVED
+from receiver.store.sql.schema import (
+    BROWSE_INDEXES,
+    CREATE_INDEX_DEAD,
+    CREATE_INDEX_STATE_RECEIVED,
+    CREATE_INDEX_STEPS,
+)
 
 # Times are unix seconds (double precision), as in the Store interface. Ids and sink names use
 # the "C" collation: byte order, as SQLite and Python sort them.
@@ -82,6 +87,29 @@ LANES_SCHEMA: tuple[str, ...] = (
 )
 
 
+# Version 6: the event's timeline (receiver.store.steps) and its trace context
+# (receiver.tracing): the span that stored it, when it was stored, and its steps.
+STEPS_SCHEMA: tuple[str, ...] = (
+    "ALTER TABLE events ADD COLUMN trace text, ADD COLUMN stored_at double precision",
+    """
+    CREATE TABLE event_steps (
+        seq        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        event_id   text COLLATE "C" NOT NULL REFERENCES events (id) ON DELETE CASCADE,
+        sink       text COLLATE "C" NOT NULL,
+        kind       text NOT NULL,
+        name       text NOT NULL,
+        attempt    integer NOT NULL,
+        started_at double precision NOT NULL,
+        ended_at   double precision NOT NULL,
+        outcome    text NOT NULL,
+        error      text,
+        status     integer
+    )
+    """,
+    CREATE_INDEX_STEPS,
+)
+
+
 @dataclass(frozen=True)
 class Migration:
     """Brings the schema from ``version - 1`` to ``version``, in one transaction."""
@@ -108,6 +136,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(3, "indexes for the inbox page", BROWSE_INDEXES),
     Migration(4, "watch list and job outcomes (pull mode)", PULL_SCHEMA),
     Migration(5, "asset ledger (reconcile)", ASSET_LEDGER_SCHEMA),
+    Migration(6, "event timeline and trace context", STEPS_SCHEMA),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

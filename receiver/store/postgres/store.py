@@ -57,6 +57,7 @@ from receiver.store.sql.browse import SqlBrowse
 from receiver.store.sql.conn import Conn
 from receiver.store.sql.lanes import SqlLanes
 from receiver.store.sql.pull import SqlPull
+from receiver.store.sql.steps import SqlSteps
 
 T = TypeVar("T")
 
@@ -69,7 +70,7 @@ LISTEN_HEALTH_SECONDS = 30.0
 PING = "SELECT 1"
 
 
-class PostgresStore(SqlLanes, SqlBrowse, SqlPull, PostgresIntake, PostgresMigrations):
+class PostgresStore(SqlLanes, SqlBrowse, SqlPull, SqlSteps, PostgresIntake, PostgresMigrations):
     """The inbox in a Postgres database, shared safely by any number of receiver processes.
 
     ``settings.pool_size`` caps this process's pooled connections (a process running workers

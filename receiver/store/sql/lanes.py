@@ -27,6 +27,8 @@ from receiver.store.lanes_model import (
 from receiver.store.records import EventRecord, EventState, Outcome, Snapshot
 from receiver.store.sql.conn import Conn, SqlMixin
 from receiver.store.sql.records import RecordSql, lock_event, recompute, records
+from receiver.store.sql.steps import write_steps
+from receiver.store.steps import Step
 
 # -- SQL both dialects run as it is -------------------------------------------------------------
 
@@ -216,6 +218,7 @@ class SqlLanes(SqlMixin):
         now: float,
     ) -> EventState:
         sql = self._lane_sql
+        steps: Sequence[Step] = (),
         settles = [settle_params(event_id, sink, o, now) for sink, o in (finished or {}).items()]
         args = {
             "event_id": event_id,
@@ -238,11 +241,18 @@ class SqlLanes(SqlMixin):
                 await c.run(sql.SETTLE_PENDING, settle)
             await c.notify()  # deliveries became claimable: other processes' lanes may look now
             return (await recompute(c, sql.RECORDS, [event_id]))[event_id]
+            await write_steps(c, event_id, steps)
 
         return await self._run_write(run)
 
     async def fail_enrichment(
-        self, event_id: str, *, error: str, retry_at: float | None, now: float
+        self,
+        event_id: str,
+        *,
+        error: str,
+        retry_at: float | None,
+        now: float,
+        steps: Sequence[Step] = (),
     ) -> EventState:
         sql = self._lane_sql
         outcome = rules.enrichment_failed(error, retry_at)
@@ -255,6 +265,7 @@ class SqlLanes(SqlMixin):
                 await c.run(sql.SETTLE, settle_params(event_id, sink, outcome, now))
             return (await recompute(c, sql.RECORDS, [event_id]))[event_id]
 
+            await write_steps(c, event_id, steps)
         return await self._run_write(run)
 
     # -- lanes ----------------------------------------------------------------------------------
@@ -342,6 +353,7 @@ class SqlLanes(SqlMixin):
         lane: LaneResult | None = None,
     ) -> EventState:
         sql = self._lane_sql
+        steps: Sequence[Step] = (),
         args = settle_params(event_id, sink, outcome, now)
 
         async def run(c: Conn) -> EventState:
@@ -354,6 +366,7 @@ class SqlLanes(SqlMixin):
                 raise unknown
             state = (await recompute(c, sql.RECORDS, [event_id]))[event_id]
             if lane is not None:
+            await write_steps(c, event_id, steps)
                 await lane_result(c, sql, sink, lane, now)
             return state
 

@@ -20,4 +20,8 @@ BROWSE_INDEXES: tuple[str, ...] = (
     " WHERE state = 'dead'",
 )
 
+# An event's steps (its timeline, receiver.store.steps): read by event, trimmed per delivery,
+# deleted with the event.
+CREATE_INDEX_STEPS = "CREATE INDEX event_steps_event ON event_steps (event_id, sink, seq)"
+
 CREATE_INDEX_WATCHES_SINCE = "CREATE INDEX watches_since ON watches (since)"

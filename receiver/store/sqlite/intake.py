@@ -39,16 +39,19 @@ SELECT 1, key, source FROM job_outcomes WHERE key IN (SELECT value FROM json_eac
 # statement step for the whole group instead of one per row, each of which would hand the GIL
 # back and forth with the event loop.
 INSERT_EVENTS_HEAD = """
-INSERT INTO events (id, event, job_id, body, headers, received_at, state, enrich_at)
+INSERT INTO events (
+    id, event, job_id, body, headers, received_at, state, enrich_at, trace, stored_at
+)
 VALUES """
-EVENT_ROW = "(?, ?, ?, ?, ?, ?, ?, ?)"
+# stored_at: the time of the insert, just before its commit (SQLite's clock, milliseconds).
+EVENT_ROW = "(?, ?, ?, ?, ?, ?, ?, ?, ?, (julianday('now') - 2440587.5) * 86400.0)"
 INSERT_DELIVERIES_HEAD = """
 INSERT INTO deliveries (event_id, sink, state, attempts, next_attempt_at, last_error, updated_at)
 VALUES """
 DELIVERY_ROW = "(?, ?, 'pending', 0, ?, NULL, ?)"
-#: One event's row (what bench/backlog.py fills an inbox with).
-INSERT_EVENT = INSERT_EVENTS_HEAD + EVENT_ROW
-# 8 parameters a row: well under SQLite's 32766 parameters a statement.
+#: One event's row without a trace (what bench/backlog.py fills an inbox with).
+INSERT_EVENT = INSERT_EVENTS_HEAD + EVENT_ROW.replace("?, (julianday", "NULL, (julianday")
+# 9 parameters a row: well under SQLite's 32766 parameters a statement.
 ROWS_PER_STATEMENT = 256
 
 

@@ -4,7 +4,12 @@ statements of :mod:`receiver.store.sqlite`.
 
 from __future__ import annotations
 
-from receiver.store.sql.schema import BROWSE_INDEXES, CREATE_INDEX_DEAD, CREATE_INDEX_STATE_RECEIVED
+from receiver.store.sql.schema import (
+    BROWSE_INDEXES,
+    CREATE_INDEX_DEAD,
+    CREATE_INDEX_STATE_RECEIVED,
+    CREATE_INDEX_STEPS,
+)
 from receiver.store.sqlite.pull import ASSET_LEDGER_SCHEMA, PULL_SCHEMA
 
 CREATE_EVENTS = """
@@ -89,6 +94,30 @@ SCHEMA_V4_PULL: tuple[str, ...] = (*PULL_SCHEMA, "PRAGMA user_version = 4")
 # Version 5: the asset ledger reconcile judges each asset by (receiver.store.asset_ledger).
 SCHEMA_V5_ASSETS: tuple[str, ...] = (*ASSET_LEDGER_SCHEMA, "PRAGMA user_version = 5")
 
+# Version 6: the event's timeline (receiver.store.steps) and its trace context
+# (receiver.tracing): the span that stored it, when it was stored, and its steps.
+SCHEMA_V6_STEPS: tuple[str, ...] = (
+    "ALTER TABLE events ADD COLUMN trace TEXT",
+    "ALTER TABLE events ADD COLUMN stored_at REAL",
+    """
+    CREATE TABLE event_steps (
+        seq        INTEGER PRIMARY KEY,
+        event_id   TEXT NOT NULL REFERENCES events (id) ON DELETE CASCADE,
+        sink       TEXT NOT NULL,
+        kind       TEXT NOT NULL,
+        name       TEXT NOT NULL,
+        attempt    INTEGER NOT NULL,
+        started_at REAL NOT NULL,
+        ended_at   REAL NOT NULL,
+        outcome    TEXT NOT NULL,
+        error      TEXT,
+        status     INTEGER
+    )
+    """,
+    CREATE_INDEX_STEPS,
+    "PRAGMA user_version = 6",
+)
+
 # Migration N (1-based) brings the schema from version N-1 to N; each sets its own user_version.
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     SCHEMA_V1,
@@ -96,6 +125,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     SCHEMA_V3_BROWSE,
     SCHEMA_V4_PULL,
     SCHEMA_V5_ASSETS,
+    SCHEMA_V6_STEPS,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -40,6 +40,7 @@ from receiver.store.sql.browse import SqlBrowse
 from receiver.store.sql.conn import Conn
 from receiver.store.sql.lanes import SqlLanes
 from receiver.store.sql.pull import SqlPull
+from receiver.store.sql.steps import SqlSteps
 from receiver.store.sqlite.browse import SqliteBrowse
 from receiver.store.sqlite.checkpoints import CHECKPOINT_EVERY_ITEMS, SqliteCheckpoints
 from receiver.store.sqlite.conn import SqliteConn
@@ -92,7 +93,7 @@ def sqlite_path(url: str) -> Path:
     return Path(rest)
 
 
-class SqliteStore(SqlLanes, SqlBrowse, SqlPull, SqliteCheckpoints, SqliteMigrations):
+class SqliteStore(SqlLanes, SqlBrowse, SqlPull, SqlSteps, SqliteCheckpoints, SqliteMigrations):
     """The inbox in one SQLite file (WAL), on three aiosqlite connections.
 
     - *intake*: :meth:`add_event` calls are gathered by a
