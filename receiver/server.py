@@ -85,6 +85,8 @@ async def serve(settings: Settings, *, role: Role = "all", process_index: int = 
                 ops=f"{settings.admin.host}:{ops_port}",
                 store=settings.store.url.split("://", 1)[0],
                 sinks=[s.name for s in settings.sinks],
+                # uvloop when the `uvloop` extra is installed (receiver.cli.common.run_async)
+                loop=type(loop).__module__.split(".", 1)[0],
             )
             await stop.wait()
             log.info("shutting down", drain_seconds=drain)
