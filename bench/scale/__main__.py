@@ -2,14 +2,17 @@
 
 1. Ingest rate of ``receiver serve --role intake`` on an inbox already holding ``--stored``
    processed events (1,000,000) against one on an empty inbox (fresh every round), alternating,
-   wrk as in bench/ingest. Target: within 10% (ratio >= 0.9).
+   wrk as in bench/ingest. Target: within 10% (ratio >= 0.9). On SQLite, then on Postgres
+   (``$RECEIVER_BENCH_POSTGRES_URL`` as in bench/ingest; left out when it does not answer; the
+   stored events are generated in a schema of the run's, see bench/scale/postgres.py).
 2. Drain a backlog of ``--backlog`` pending events (100,000) with ``--role worker`` through the
    fast upstream stand-in (bench/stub.py) and one download sink: the time it takes and the
    receiver's peak RSS (target: <= 120 MB; the backlog is never loaded into memory).
 
-The inboxes are built once and cached under .bench/cache::
+The SQLite inboxes are built once and cached under .bench/cache::
 
     python -m bench.scale [--stored 1000000] [--backlog 100000] [--rounds 3] [--seconds 10]
+        [--stores sqlite,postgres] [--only ingest|drain]
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import shutil
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 from bench import backlog
@@ -40,39 +44,59 @@ from bench.common import (
     rss_mb,
     scratch,
 )
-from bench.ingest.__main__ import Runner
+from bench.ingest.__main__ import POSTGRES_URL, Runner
+from bench.ingest.report import spread
+from bench.scale import postgres
 
 TARGET_RATIO = 0.9
 TARGET_RSS_MB = 120.0
 
 
-def intake_server(work: Path, name: str, db: str, loop: str) -> Server:
+def intake_server(
+    work: Path, name: str, db: str, loop: str, store: dict[str, str] | None = None
+) -> Server:
     directory = work / name
     directory.mkdir(exist_ok=True)
     port = free_port()
-    config = receiver_config(directory, port=port, admin_port=free_port(), db=db)
+    config = receiver_config(directory, port=port, admin_port=free_port(), db=db, store=store)
     command = receiver_command(config, "intake", loop)
     return Server(name, command, port=port, cwd=directory, env=bench_env())
 
 
-def ingest_at_scale(args: argparse.Namespace, work: Path) -> dict[str, float]:
-    print(f"\n1. intake with {args.stored:,} events stored vs an empty inbox")
-    full_db = work / "full" / "inbox.db"
-    full_db.parent.mkdir()
-    backlog.cached_copy(
-        f"inbox-{args.stored}-done.db", args.stored, full_db, state="done", body=backlog.image_event
-    )
+def ingest_at_scale(args: argparse.Namespace, work: Path, kind: str) -> dict[str, float]:
+    print(f"\n1. intake with {args.stored:,} events stored vs an empty inbox, on {kind}")
+    work = work / kind
+    work.mkdir()
+    schemas: list[str] = []
+    full_store: dict[str, str] | None = None
+    if kind == "postgres":
+        schemas.append(postgres.build(POSTGRES_URL, args.stored, work))
+        full_store = {"url": POSTGRES_URL, "schema": schemas[0]}
+    else:
+        full_db = work / "full" / "inbox.db"
+        full_db.parent.mkdir()
+        backlog.cached_copy(
+            f"inbox-{args.stored}-done.db",
+            args.stored,
+            full_db,
+            state="done",
+            body=backlog.image_event,
+        )
     shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
     pool_dir = Path(tempfile.mkdtemp(prefix="receiver-bench-", dir=shm))
     runner = Runner(args, pool_dir)
     results: dict[str, list[WrkResult]] = {"empty": [], "full": []}
-    full = intake_server(work, "full", str(full_db), args.loop).start()
+    full = intake_server(work, "full", "inbox.db", args.loop, full_store).start()
     try:
         runner.measure("full", full, args.warmup)
         for index in range(args.rounds):
             empty_dir = work / "empty"
             shutil.rmtree(empty_dir, ignore_errors=True)
-            empty = intake_server(work, "empty", "inbox.db", args.loop).start()
+            empty_store = None
+            if kind == "postgres":  # a new schema, which the receiver creates
+                schemas.append("receiver_scale_" + uuid.uuid4().hex[:12])
+                empty_store = {"url": POSTGRES_URL, "schema": schemas[-1]}
+            empty = intake_server(work, "empty", "inbox.db", args.loop, empty_store).start()
             try:
                 runner.measure("empty", empty, args.warmup)
                 order = [("empty", empty), ("full", full)]
@@ -82,7 +106,7 @@ def ingest_at_scale(args: argparse.Namespace, work: Path) -> dict[str, float]:
                     print(
                         f"  round {index + 1} {name:<6} {result.rps:>8,.0f} req/s  "
                         f"p50 {result.p50_ms:6.2f} ms  p99 {result.p99_ms:6.2f} ms  "
-                        f"non-2xx {result.failures}",
+                        f"non-2xx {result.failures}  CPU {result.cpu_us:4.0f} us/req",
                         flush=True,
                     )
             finally:
@@ -90,23 +114,30 @@ def ingest_at_scale(args: argparse.Namespace, work: Path) -> dict[str, float]:
     finally:
         full.stop()
         shutil.rmtree(pool_dir, ignore_errors=True)
-    table = Table(["inbox", "median req/s", "median p50 ms", "median p99 ms", "non-2xx"])
+        for schema in schemas:
+            postgres.drop(POSTGRES_URL, schema)
+    table = Table(
+        ["inbox", "req/s median (min-max)", "p50 ms", "p99 ms", "non-2xx", "receiver CPU us/req"]
+    )
     for name, runs in results.items():
         table.add(
             f"{args.stored:,} stored" if name == "full" else "empty",
-            f"{median([r.rps for r in runs]):,.0f}",
-            f"{median([r.p50_ms for r in runs]):.2f}",
-            f"{median([r.p99_ms for r in runs]):.2f}",
+            spread([r.rps for r in runs]),
+            spread([r.p50_ms for r in runs], "{:.1f}"),
+            spread([r.p99_ms for r in runs], "{:.1f}"),
             sum(r.failures for r in runs),
+            spread([r.cpu_us for r in runs]),
         )
     print(table.render())
     ratios = [f.rps / e.rps for f, e in zip(results["full"], results["empty"], strict=True)]
     ratio = median(ratios)
+    cpu = [f.cpu_us / e.cpu_us for f, e in zip(results["full"], results["empty"], strict=True)]
     print(
-        f"{'PASS' if ratio >= TARGET_RATIO else 'MISS'}  full / empty: {ratio:.2f}x "
-        f"(per round {', '.join(f'{r:.2f}' for r in ratios)}; target >= {TARGET_RATIO})"
+        f"{'PASS' if ratio >= TARGET_RATIO else 'MISS'}  {kind} full / empty: {ratio:.2f}x "
+        f"(per round {', '.join(f'{r:.2f}' for r in ratios)}; target >= {TARGET_RATIO}); "
+        f"CPU a webhook full / empty {median(cpu):.2f}x"
     )
-    return {"scale_ratio": ratio}
+    return {f"{kind}_scale_ratio": ratio}
 
 
 def drain_backlog(args: argparse.Namespace, work: Path) -> dict[str, float]:
@@ -205,13 +236,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=16, help="worker.concurrency to drain")
     parser.add_argument("--loop", choices=("asyncio", "uvloop"), default=event_loop_name())
     parser.add_argument("--only", choices=("ingest", "drain"))
+    parser.add_argument("--stores", default="sqlite,postgres", help="for 1. (default both)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args(argv)
     print(f"bench scale: {machine_note(args.loop)}")
     with scratch("scale-", keep=args.keep) as work:
         if args.only != "drain":
             need_wrk()
-            ingest_at_scale(args, work)
+            for kind in args.stores.split(","):
+                if kind == "postgres" and not postgres.reachable(POSTGRES_URL):
+                    print(f"\n  note: no PostgreSQL at {POSTGRES_URL}: 1. on postgres left out")
+                    continue
+                ingest_at_scale(args, work, kind)
         if args.only != "ingest":
             drain_backlog(args, work)
     print(f"\n  {machine_note(args.loop)}")
