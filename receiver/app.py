@@ -25,9 +25,11 @@ from receiver.intake import Intake
 from receiver.logs import get_logger
 from receiver.metrics import Metrics
 from receiver.ops import Ops
+from receiver.ops_incident import IncidentAdmin
 from receiver.pull.admin import WatchAdmin
 from receiver.pull.poller import Poller
 from receiver.pull.reconcile import Reconciler, reconcile_periodically
+from receiver.redelivery import Redeliverer
 from receiver.secrets import SecretBox
 from receiver.sinks.base import Sink, SinkContext
 from receiver.sinks.loader import build_sinks
@@ -152,6 +154,15 @@ class Runtime:
             on_event=self.wake_worker,
             clock=self.clock,
         )
+        # Redelivery batches stored by any replica or command: queued here step by step.
+        redeliverer = Redeliverer(
+            store=self.store,
+            metrics=self.metrics,
+            on_queued=self.wake_worker,
+            poll=self.settings.worker.poll_interval_seconds,
+            clock=self.clock,
+        )
+        self.supervisor.start("redeliveries", redeliverer.run)
         for config in self.settings.reconcile:
             self.supervisor.start(
                 f"reconcile-{config.collection_id}",
@@ -249,6 +260,7 @@ class Runtime:
             watchdog=lambda: self.watchdog,
             on_redeliver=self.wake_worker,
             clock=self.clock,
+            settings=self.settings,
         )
 
     def _ops(self) -> Ops:
@@ -269,6 +281,12 @@ class Runtime:
                 on_watch=self.wake_poller,
                 clock=self.clock,
             ),
+            incident=IncidentAdmin(
+                store=self.store,
+                settings=self.settings,
+                on_change=self.wake_worker,
+                clock=self.clock,
+            ),
         )
 
     async def refresh_gauges(self) -> None:
@@ -286,6 +304,13 @@ class Runtime:
             self.metrics.sink_oldest_due_seconds.labels(sink.name).set(
                 0.0 if due is None else max(0.0, now - due)
             )
+        lane_states = await self.store.lane_states()
+        for sink in self.settings.sinks:
+            lane_state = lane_states.get(sink.name)
+            pause = lane_state.pause(now) if lane_state is not None else None
+            self.metrics.sink_paused.labels(sink.name).set(1 if pause else 0)
+            paused_for = max(0.0, now - pause.since) if pause else 0.0
+            self.metrics.sink_paused_seconds.labels(sink.name).set(paused_for)
         watches = await self.store.watch_counts()
         for watch_state in WATCH_STATES:
             self.metrics.watched_jobs.labels(watch_state).set(watches.get(watch_state, 0))

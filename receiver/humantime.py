@@ -48,6 +48,12 @@ def parse_duration(text: str) -> float:
 def parse_since(text: str, now: float) -> float:
     """The epoch time ``--since`` means: a duration back from ``now`` (``2h``), or an ISO 8601
     date or time (``2026-11-23``, ``2026-11-23T09:00``, UTC unless it names an offset)."""
+    return parse_when(text, now, what="--since")
+
+
+def parse_when(text: str, now: float, *, what: str = "WHEN") -> float:
+    """The epoch time a ``WHEN`` means (see :func:`parse_since`); ``what`` names it in the
+    error (``--until``, ``since``)."""
     try:
         return now - parse_duration(text)
     except ValueError:
@@ -55,8 +61,9 @@ def parse_since(text: str, now: float) -> float:
     try:
         moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
+        named = f"{what} {text!r}" if what else repr(text)
         raise ValueError(
-            f"--since {text!r}: give a duration (90s, 5m, 2h, 1d) or a UTC time (2026-11-23T09:00)"
+            f"{named}: give a duration (90s, 5m, 2h, 1d) or a UTC time (2026-11-23T09:00)"
         ) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)

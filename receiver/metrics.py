@@ -163,6 +163,24 @@ class Metrics:
             ["source"],
             registry=r,
         )
+        # Operating through an incident: lanes paused by an operator, redelivery batches.
+        self.sink_paused = Gauge(
+            "receiver_sink_paused",
+            "1 while an operator has paused the sink's lane (receiver lanes pause), else 0.",
+            ["sink"],
+            registry=r,
+        )
+        self.sink_paused_seconds = Gauge(
+            "receiver_sink_paused_seconds",
+            "How long the sink's lane has been paused by an operator (0 when it is not).",
+            ["sink"],
+            registry=r,
+        )
+        self.redelivery_queued = Counter(
+            "receiver_redelivery_queued",
+            "Deliveries made pending again by redelivery batches this process stepped.",
+            registry=r,
+        )
         for state in WATCH_STATES:
             self.watched_jobs.labels(state)
         for source in PULL_SOURCES:

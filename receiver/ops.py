@@ -1,4 +1,5 @@
-"""The ops listener's handlers: health, readiness, metrics and the admin API."""
+"""The ops listener's handlers: health, readiness, metrics and the admin API (an incident's
+half, redelivery batches and lane pauses, is :mod:`receiver.ops_incident`)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ from receiver.config import Settings
 from receiver.errors import StoreError, UnknownEvent
 from receiver.intake import error_response, page_window
 from receiver.metrics import CONTENT_TYPE, Metrics
+from receiver.ops_incident import IncidentAdmin
 from receiver.pull.admin import WatchAdmin
+from receiver.redelivery import redeliver_event, start
 from receiver.store.base import Store
-from receiver.store.lanes_model import LaneStats
+from receiver.store.batches import RedeliveryFilter
 from receiver.store.records import EVENT_STATES
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -36,6 +39,7 @@ class Ops:
         tasks_down: Callable[[], Mapping[str, str]] | None = None,
         clock: Callable[[], float] = time.time,
         watch: WatchAdmin | None = None,
+        incident: IncidentAdmin | None = None,
     ) -> None:
         self._settings = settings or Settings()
         self._store = store
@@ -46,6 +50,7 @@ class Ops:
         self._tasks_down = tasks_down or dict
         self._clock = clock
         self._watch = watch
+        self._incident = incident
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -53,11 +58,11 @@ class Ops:
             web.get("/readyz", self.readyz),
             web.get("/metrics", self.metrics),
             web.get("/admin/events", self._admin(self.list_events)),
-            web.get("/admin/lanes", self._admin(self.lanes)),
             web.post("/admin/events/redeliver-dead", self._admin(self.redeliver_dead)),
             web.get("/admin/events/{id}", self._admin(self.show_event)),
             web.post("/admin/events/{id}/redeliver", self._admin(self.redeliver)),
             *(self._watch.routes(self._admin) if self._watch is not None else ()),
+            *(self._incident.routes(self._admin) if self._incident is not None else ()),
         ]
 
     async def healthz(self, _request: web.Request) -> web.Response:
@@ -108,42 +113,40 @@ class Ops:
         data: list[dict[str, Any]] = [e.as_json(with_body=False) for e in events]
         return web.json_response({"data": data})
 
-    async def lanes(self, _request: web.Request) -> web.Response:
-        """Each configured sink's lane: its limits and, across the store, its backlog."""
-        now = self._clock()
-        stats = await self._store.lane_stats(now=now)
-        data = []
-        for sink in self._settings.sinks:
-            lane = stats.get(sink.name, LaneStats())
-            due = lane.oldest_due
-            data.append(
-                {
-                    "sink": sink.name,
-                    "type": sink.type,
-                    "concurrency": self._settings.sink_concurrency(sink),
-                    "rate_limit_per_second": sink.rate_limit_per_second,
-                    "backlog": lane.backlog,
-                    "oldest_due_seconds": 0.0 if due is None else max(0.0, now - due),
-                    "in_flight": lane.in_flight,
-                }
-            )
-        return web.json_response({"data": data})
-
     async def show_event(self, request: web.Request) -> web.Response:
         event = await self._store.get(request.match_info["id"])
         if event is None:
             return error_response(404, "not_found", "no event with that id")
-        return web.json_response({"data": event.as_json()})
+        data = event.as_json()
+        # The event's timeline: its upstream calls and every attempt of every delivery.
+        data["steps"] = [step.as_json() for step in await self._store.event_steps(event.id)]
+        return web.json_response({"data": data})
 
     async def redeliver(self, request: web.Request) -> web.Response:
+        """Every sink of the event again: a batch of one event (receiver.redelivery)."""
         try:
-            count = await self._store.redeliver(request.match_info["id"], now=self._clock())
+            batch = await redeliver_event(
+                self._store,
+                request.match_info["id"],
+                sink=None,
+                created_by=f"admin API ({request.remote or 'unknown'})",
+                now=self._clock(),
+            )
         except UnknownEvent:
             return error_response(404, "not_found", "no event with that id")
         self._on_redeliver()
-        return web.json_response({"data": {"redelivered": count}})
+        return web.json_response({"data": {"redelivered": batch.queued, "batch": batch.id}})
 
-    async def redeliver_dead(self, _request: web.Request) -> web.Response:
-        count = await self._store.redeliver_dead(now=self._clock())
+    async def redeliver_dead(self, request: web.Request) -> web.Response:
+        """Every dead delivery again: a batch (the running receiver queues what its first step
+        did not)."""
+        batch = await start(
+            self._store,
+            RedeliveryFilter(status="dead"),
+            created_by=f"admin API ({request.remote or 'unknown'})",
+            now=self._clock(),
+        )
         self._on_redeliver()
-        return web.json_response({"data": {"redelivered": count}})
+        return web.json_response(
+            {"data": {"redelivered": batch.queued, "matched": batch.matched, "batch": batch.id}}
+        )

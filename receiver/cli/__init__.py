@@ -18,8 +18,10 @@ from receiver.cli import (
     events,
     healthcheck,
     init,
+    lanes,
     migrate,
     reconcile,
+    redeliver,
     replay,
     serve,
     sign,
@@ -49,6 +51,9 @@ COMMANDS: dict[str, Command] = {
     "replay": replay,
     "events": events,
     "migrate": migrate,
+    # an incident: redelivery batches, lanes paused and resumed
+    "redeliver": redeliver,
+    "lanes": lanes,
     # pull mode: jobs that send no webhook, collections that missed some
     "watch": watch,
     "reconcile": reconcile,

@@ -119,6 +119,18 @@ def read_payload(path: str | Path) -> bytes:
         raise CommandError(f"{path}: cannot be read ({exc.strerror})") from None
 
 
+def cli_user() -> str:
+    """Who runs this command, as a redelivery batch or a pause records it: ``user@host (cli)``."""
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()} (cli)"
+
+
 def quiet_logs() -> None:
     """Silence the logs: for commands whose output is the outcome itself."""
     import logging

@@ -14,13 +14,21 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from receiver.cli.common import CommandError, run_async, settings_from, with_config
+from receiver.cli.common import (
+    CommandError,
+    cli_user,
+    quiet_logs,
+    run_async,
+    settings_from,
+    with_config,
+)
 from receiver.config import Settings
-from receiver.config_schema import did_you_mean
 from receiver.errors import UnknownEvent
 from receiver.humantime import ago, iso_utc, parse_since
+from receiver.redelivery import redeliver_event, start
 from receiver.store import open_existing_store
 from receiver.store.base import Store
+from receiver.store.batches import RedeliveryFilter
 from receiver.store.browse import Cursor, EventQuery
 from receiver.store.records import EventRecord
 
@@ -106,6 +114,7 @@ def run(args: argparse.Namespace, *, now: Callable[[], float] = time.time) -> in
         raise CommandError("--limit must be at least 1")
     query = _query(args, now()) if args.events_command in ("list", "tail") else None
     settings = settings_from(args)
+    quiet_logs()  # the outcome is this command's output
     return _run_async(_run(settings, args, query, now))
 
 
@@ -251,21 +260,17 @@ async def tail(
 
 
 async def redeliver(store: Store, args: argparse.Namespace, now: float) -> str:
+    """A redelivery batch (receiver.redelivery): one event (every sink or ``--sink``), or every
+    dead delivery; its first step is queued now, a running receiver queues the rest."""
+    by = cli_user()
     if args.dead:
-        return f"{await store.redeliver_dead(now=now)} dead deliveries made pending again"
+        batch = await start(store, RedeliveryFilter(status="dead"), created_by=by, now=now)
+        rest = batch.matched - batch.queued
+        more = f"; a running receiver queues the other {rest}" if batch.queuing and rest else ""
+        return f"{batch.queued} dead deliveries made pending again (batch {batch.id}){more}"
+    batch = await redeliver_event(store, args.id, sink=args.sink, created_by=by, now=now)
     if args.sink is None:
-        count = await store.redeliver(args.id, now=now)
-        return f"{count} deliveries of {args.id} made pending again"
-    record = await store.get(args.id)
-    if record is None:
-        raise UnknownEvent(f"no event {args.id} in the inbox")
-    sinks = [d.sink for d in record.deliveries]
-    if args.sink not in sinks:
-        raise UnknownEvent(
-            f"event {args.id} has no delivery to sink {args.sink!r}"
-            f"{did_you_mean(args.sink, sinks)}; its sinks: {', '.join(sinks) or 'none'}"
-        )
-    count = await store.redeliver_sink(args.id, args.sink, now=now)
-    if not count:
+        return f"{batch.queued} deliveries of {args.id} made pending again"
+    if not batch.queued:
         return f"the {args.sink} delivery of {args.id} is skipped (its filter): nothing to redo"
     return f"the {args.sink} delivery of {args.id} made pending again"

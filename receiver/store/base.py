@@ -28,8 +28,23 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from receiver.store.asset_ledger import LedgerEntry
+from receiver.store.batches import (
+    BatchIds,
+    BatchList,
+    RedeliveryBatch,
+    RedeliveryFilter,
+    RedeliveryPreview,
+)
 from receiver.store.browse import Cursor, DeadGroupList, EventList, EventQuery, InboxOverview
-from receiver.store.lanes_model import LaneClaim, LanePolicy, LaneResult, LaneStats, Leases
+from receiver.store.lanes_model import (
+    LaneClaim,
+    LanePause,
+    LanePolicy,
+    LaneResult,
+    LaneState,
+    LaneStats,
+    Leases,
+)
 from receiver.store.pull import PullStore
 from receiver.store.records import EventRecord, EventState, NewEvent, Outcome, Snapshot
 from receiver.store.steps import Step
@@ -148,16 +163,6 @@ class Store(PullStore, Protocol):
     ) -> list[EventRecord]:
         """Events newest first, optionally only those in ``state``."""
 
-    async def redeliver(self, event_id: str, *, now: float) -> int:
-        """Make every non-skipped delivery of the event pending and due now (an event that never
-        got its snapshot is enriched again first).
-
-        Returns how many deliveries were reset; raises UnknownEvent for an unknown id.
-        """
-
-    async def redeliver_dead(self, *, now: float) -> int:
-        """Make every dead delivery pending and due now; returns how many."""
-
     async def prune(self, *, older_than: float, batch: int = 1000) -> int:
         """Delete finished (``done``) events received before ``older_than``; returns how many."""
 
@@ -191,9 +196,53 @@ class Store(PullStore, Protocol):
     async def dead_letters(self, *, groups: int = 100, samples: int = 5) -> DeadGroupList:
         """Dead deliveries grouped by sink and last error, the largest groups first."""
 
-    async def redeliver_sink(self, event_id: str, sink: str, *, now: float) -> int:
-        """Make one (non-skipped) delivery pending and due now; raises UnknownEvent for an
-        unknown event or a sink the event has no delivery for. Returns 1, or 0 if skipped."""
+    # -- operating through an incident (receiver.store.batches; lane pauses) ---------------------
 
-    async def redeliver_dead_group(self, sink: str, error: str | None, *, now: float) -> int:
-        """Make the dead deliveries of ``sink`` whose last error is ``error`` pending and due."""
+    async def preview_redelivery(
+        self, flt: RedeliveryFilter, *, now: float, sample: int = 5
+    ) -> RedeliveryPreview:
+        """How many deliveries ``flt`` selects now, and the first ``sample`` of them (in event
+        id and sink order); changes nothing."""
+
+    async def create_redelivery(
+        self, flt: RedeliveryFilter, *, batch_id: str, created_by: str, now: float
+    ) -> RedeliveryBatch:
+        """Store a running batch for ``flt`` (``matched`` counted now); nothing is queued yet:
+        :meth:`step_redelivery` does that."""
+
+    async def step_redelivery(self, batch_id: str, *, limit: int, now: float) -> int | None:
+        """One step of a queuing batch, in one short transaction: the next ``limit`` events at
+        most after its cursor, their matching deliveries made pending and due ``now`` (their
+        job fetched again first when they have none) and marked with the batch. Returns how
+        many it queued, or None when the batch has nothing to queue (unknown, cancelled,
+        queued, or being stepped by another replica right now)."""
+
+    async def finish_redeliveries(self, *, now: float) -> BatchIds:
+        """Mark done (keeping their counts) the queued batches none of whose deliveries is
+        pending any more, and close cancelled ones likewise; their ids."""
+
+    async def queuing_redeliveries(self) -> BatchIds:
+        """The ids of the running batches still queuing."""
+
+    async def redelivery(self, batch_id: str) -> RedeliveryBatch | None:
+        """One batch with its progress, or None."""
+
+    async def redeliveries(self, *, limit: int = 50) -> BatchList:
+        """The newest batches first, with their progress."""
+
+    async def cancel_redelivery(self, batch_id: str, *, now: float) -> RedeliveryBatch:
+        """Stop a running batch queuing (what it queued may still go out); raises
+        UnknownBatch. A batch already done or cancelled is left as it is."""
+
+    async def pause_lane(
+        self, sink: str, *, until: float | None, reason: str | None, now: float
+    ) -> LanePause:
+        """Pause ``sink``'s lane for every replica until ``until`` (None: until resumed): it
+        claims nothing, its deliveries wait with their attempts untouched. Pausing a paused
+        lane changes its end and reason, not since when it is paused."""
+
+    async def resume_lane(self, sink: str, *, now: float) -> LanePause | None:
+        """End the lane's pause; the pause that was in force, if any."""
+
+    async def lane_states(self) -> dict[str, LaneState]:
+        """Every lane's shared state (pacing, circuit, pause) by sink."""

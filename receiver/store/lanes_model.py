@@ -38,7 +38,9 @@ class LaneState:
 
     ``tokens`` as of ``refilled_at``; nothing is claimed before ``paused_until``; ``failures``
     counts consecutive failed attempts; ``opened_at`` is when the circuit last opened (or a probe
-    began), None while it is closed.
+    began), None while it is closed. An operator's pause (:class:`LanePause`) is kept apart:
+    paused since ``hold_since`` (None: not paused) until ``hold_until`` (None: until resumed),
+    for ``hold_reason``; the lane's own pacing never writes it.
     """
 
     tokens: float
@@ -46,6 +48,26 @@ class LaneState:
     paused_until: float = 0.0
     failures: int = 0
     opened_at: float | None = None
+    hold_since: float | None = None
+    hold_until: float | None = None
+    hold_reason: str | None = None
+
+    def pause(self, now: float) -> LanePause | None:
+        """The operator's pause in force at ``now``, if any (a pause ``--for`` a while ends by
+        itself)."""
+        if self.hold_since is None or (self.hold_until is not None and self.hold_until <= now):
+            return None
+        return LanePause(self.hold_since, self.hold_until, self.hold_reason)
+
+
+@dataclass(frozen=True)
+class LanePause:
+    """A lane paused by an operator: it claims nothing from ``since`` until ``until`` (None:
+    until resumed); its deliveries wait, their attempts untouched."""
+
+    since: float
+    until: float | None = None
+    reason: str | None = None
 
 
 LaneResultKind = Literal["success", "failure", "neutral"]

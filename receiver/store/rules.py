@@ -164,10 +164,14 @@ class Grant:
 
 
 def grant(policy: LanePolicy, state: LaneState, now: float, wanted: int) -> Grant:
-    """What the lane allows of ``wanted`` claims: nothing while paused; one probe while its
-    circuit is open (the pause over); else as many as it has whole tokens (all, unpaced)."""
+    """What the lane allows of ``wanted`` claims: nothing while an operator paused it or it is
+    paused; one probe while its circuit is open (the pause over); else as many as it has whole
+    tokens (all, unpaced)."""
     if wanted <= 0:
         return Grant(0, state, state)
+    held = state.pause(now)
+    if held is not None:  # until resumed: asked again at the lanes' next poll
+        return Grant(0, state, state, paused_until=held.until)
     if state.paused_until > now:
         return Grant(0, state, state, paused_until=state.paused_until)
     if state.opened_at is not None:

@@ -8,12 +8,13 @@ from ``receiver_sink_deliveries_total``, sampled each time the overview is drawn
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from receiver.config import SinkSettings
 from receiver.metrics import Metrics
 from receiver.store.browse import InboxOverview, LaneCounts
+from receiver.store.lanes_model import LanePause, LaneState
 from receiver.store.records import EVENT_STATES
 
 RATE_WINDOW_SECONDS = 300.0
@@ -24,7 +25,8 @@ class LaneRow:
     """One sink lane as the overview shows it.
 
     ``waiting`` is how long the oldest due delivery has been due (None when none is due);
-    ``next_due_at`` when the next one falls due, while none is due yet.
+    ``next_due_at`` when the next one falls due, while none is due yet; ``pause`` an operator's
+    pause in force; ``circuit_open`` while its circuit breaker holds it.
     """
 
     sink: str
@@ -36,11 +38,13 @@ class LaneRow:
     next_due_at: float | None
     failing: int
     per_minute: float | None
+    pause: LanePause | None = None
+    circuit_open: bool = False
 
     @property
     def stuck(self) -> bool:
-        """Due work that has waited over a minute: worth a look."""
-        return self.waiting is not None and self.waiting > 60
+        """Due work that has waited over a minute (not paused on purpose): worth a look."""
+        return self.pause is None and self.waiting is not None and self.waiting > 60
 
 
 class DeliveryRates:
@@ -92,7 +96,7 @@ def lane_rows(
     overview: InboxOverview,
     *,
     sinks: Iterable[SinkSettings],
-    metrics: Metrics,
+    states: Mapping[str, LaneState],
     rates: DeliveryRates,
     now: float,
 ) -> list[LaneRow]:
@@ -106,6 +110,7 @@ def lane_rows(
     for name in names:
         lane = counts.get(name, LaneCounts(name))
         due_since = lane.oldest_due_at if lane.due else None
+        state = states.get(name)
         rows.append(
             LaneRow(
                 sink=name,
@@ -117,6 +122,8 @@ def lane_rows(
                 next_due_at=lane.oldest_due_at if not lane.due else None,
                 failing=lane.failing,
                 per_minute=per_minute.get(name),
+                pause=state.pause(now) if state is not None else None,
+                circuit_open=state is not None and state.opened_at is not None,
             )
         )
     return rows

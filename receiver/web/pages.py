@@ -1,4 +1,5 @@
-"""The inbox pages: overview, events, one event, dead letters, and the redeliver actions.
+"""The inbox pages: overview, events, one event, dead letters, and the redeliver actions (each a
+redelivery batch, :mod:`receiver.redelivery`; the batch pages are :mod:`receiver.web.incident`).
 
 Each handler gets the request and the :class:`~receiver.web.render.View` the guard built for it
 (see :mod:`receiver.web.ui`); reads are GETs, every change is a POST answered with a redirect
@@ -16,11 +17,14 @@ from receiver.config import SinkSettings
 from receiver.errors import UnknownEvent
 from receiver.logs import get_logger, redact_url
 from receiver.metrics import Metrics
+from receiver.redelivery import redeliver_event, start
 from receiver.store.base import Store
+from receiver.store.batches import RedeliveryFilter
 from receiver.store.browse import Cursor
 from receiver.store.records import EventRecord
 from receiver.watchdog import Watchdog
 from receiver.web.filters import DELIVERY_STATES, BadFilter, parse_events_request
+from receiver.web.incident import BY, PAUSE_CHOICES, IncidentPages
 from receiver.web.lanes import DeliveryRates, gauge_counts, lane_rows
 from receiver.web.render import View, group_key, redirect, render
 
@@ -61,6 +65,7 @@ class Pages:
         sinks: Sequence[SinkSettings],
         watchdog: Callable[[], Watchdog | None],
         on_redeliver: Callable[[], None],
+        incident: IncidentPages,
         page_size: int = PAGE_SIZE,
     ) -> None:
         self._store = store
@@ -68,6 +73,7 @@ class Pages:
         self._sinks = tuple(sinks)
         self._watchdog = watchdog
         self._on_redeliver = on_redeliver
+        self._incident = incident
         self._rates = DeliveryRates(metrics)
         self.page_size = page_size
 
@@ -79,7 +85,11 @@ class Pages:
             now=view.now, failing_since=view.now - FAILING_WINDOW_SECONDS, errors=RECENT_ERRORS
         )
         lanes = lane_rows(
-            overview, sinks=self._sinks, metrics=self._metrics, rates=self._rates, now=view.now
+            overview,
+            sinks=self._sinks,
+            states=await self._store.lane_states(),
+            rates=self._rates,
+            now=view.now,
         )
         return render(
             view,
@@ -90,6 +100,7 @@ class Pages:
             lanes=lanes,
             errors=overview.recent_errors,
             upstream=self._upstream(),
+            pause_choices=PAUSE_CHOICES,
         )
 
     def _upstream(self) -> dict[str, Any]:
@@ -160,13 +171,17 @@ class Pages:
 
     async def dead(self, request: web.Request, view: View) -> web.Response:
         groups = await self._store.dead_letters()
+        values, preview, problem = await self._incident.preview(request.query, view.now)
         return render(
             view,
             "dead.html",
             title="Dead letters",
             groups=groups,
             total=sum(g.count for g in groups),
-            redelivered=request.query.get("redelivered"),
+            values=values,
+            preview=preview,
+            problem=problem,
+            **self._incident.form_context(),
         )
 
     # -- changing -------------------------------------------------------------------------------
@@ -175,37 +190,31 @@ class Pages:
         event_id = request.match_info["id"]
         sink = str((await request.post()).get("sink", "")) or None
         try:
-            if sink is None:
-                count = await self._store.redeliver(event_id, now=view.now)
-            else:
-                count = await self._store.redeliver_sink(event_id, sink, now=view.now)
+            batch = await redeliver_event(
+                self._store, event_id, sink=sink, created_by=BY, now=view.now
+            )
         except UnknownEvent:
             return not_found(view, "No such event, or it has no delivery to that sink.")
-        log.info("redelivery asked on the inbox page", event_id=event_id, sink=sink, count=count)
+        log.info("redelivery asked on the inbox page", event_id=event_id, sink=sink, batch=batch.id)
         self._on_redeliver()
         location = request.app.router["event"].url_for(id=event_id)
-        return redirect(location.with_query(redelivered=str(count)))
+        return redirect(location.with_query(redelivered=str(batch.queued)))
 
     async def redeliver_dead(self, request: web.Request, view: View) -> web.StreamResponse:
+        """Every dead delivery, or one group of them (same sink, same last error), again: a
+        batch, whose progress page answers."""
         key = str((await request.post()).get("group", ""))
-        if not key:
-            count = await self._store.redeliver_dead(now=view.now)
-            group = None
-        else:
+        flt = RedeliveryFilter(status="dead")
+        if key:
             groups = await self._store.dead_letters()
             group = next((g for g in groups if group_key(g) == key), None)
-            count = 0
-            if group is not None:  # else: redelivered meanwhile, nothing left to do
-                sink, error = group.sink, group.error
-                count = await self._store.redeliver_dead_group(sink, error, now=view.now)
-        log.info(
-            "dead deliveries redelivered on the inbox page",
-            sink=group.sink if group else None,
-            count=count,
-        )
+            if group is None:  # redelivered meanwhile: nothing left to do
+                return redirect(request.app.router["dead"].url_for())
+            flt = RedeliveryFilter(status="dead", sinks=(group.sink,), error=group.error)
+        batch = await start(self._store, flt, created_by=BY, now=view.now)
         self._on_redeliver()
-        location = request.app.router["dead"].url_for()
-        return redirect(location.with_query(redelivered=str(count)))
+        location = request.app.router["redelivery"].url_for(id=batch.id)
+        return redirect(location.with_query(started="1"))
 
 
 def _cursor(record: EventRecord) -> str:

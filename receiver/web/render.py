@@ -19,6 +19,7 @@ import jinja2
 from aiohttp import web
 
 from receiver.logs import redact_query_strings
+from receiver.redelivery import filter_text
 from receiver.store.browse import DeadGroup
 
 CONTENT_SECURITY_POLICY = (
@@ -108,6 +109,7 @@ def _environment() -> jinja2.Environment:
         pretty_json=pretty_json,
         redact=redact_query_strings,
         group_key=group_key,
+        filter_text=filter_text,
         segment=path_segment,
     )
     env.globals["relative"] = relative

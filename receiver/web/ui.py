@@ -21,7 +21,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from receiver.config import SinkSettings
+from receiver.config import Settings, SinkSettings
 from receiver.errors import StoreError
 from receiver.logs import get_logger
 from receiver.metrics import Metrics
@@ -37,6 +37,7 @@ from receiver.web.auth import (
     same_origin,
     set_session_cookie,
 )
+from receiver.web.incident import IncidentPages
 from receiver.web.pages import Pages
 from receiver.web.render import SECURITY_HEADERS, View, redirect, render
 
@@ -66,25 +67,32 @@ class InboxUi:
         watchdog: Callable[[], Watchdog | None] = lambda: None,
         on_redeliver: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.time,
+        settings: Settings | None = None,
     ) -> None:
         self.sessions = Sessions(token=admin_token)
         self.open_mode = not admin_token
         self.enabled = bool(admin_token) or is_loopback(admin_host)
         self._admin_host = admin_host
         self._clock = clock
+        self.incident = IncidentPages(
+            store=store,
+            settings=settings or Settings(sinks=tuple(sinks)),
+            on_change=on_redeliver,
+        )
         self.pages = Pages(
             store=store,
             metrics=metrics,
             sinks=sinks,
             watchdog=watchdog,
             on_redeliver=on_redeliver,
+            incident=self.incident,
         )
 
     def app(self) -> web.Application:
         """The application to mount with ``ops_app.add_subapp("/ui/", ...)``."""
         app = web.Application()
         app.on_response_prepare.append(_security_headers)
-        p = self.pages
+        p, i = self.pages, self.incident
         app.add_routes(
             [
                 web.get("/", self.guarded(p.overview), name="overview"),
@@ -96,11 +104,24 @@ class InboxUi:
                 web.post("/events/{id}/redeliver", self.guarded(p.redeliver), name="redeliver"),
                 web.get("/dead", self.guarded(p.dead), name="dead"),
                 web.post("/dead/redeliver", self.guarded(p.redeliver_dead), name="redeliver_dead"),
+                web.get("/redeliveries", self.guarded(i.batches), name="redeliveries"),
+                web.post("/redeliveries", self.guarded(i.start), name="start_redelivery"),
+                web.get("/redeliveries/{id}", self.guarded(i.batch), name="redelivery"),
+                web.post("/redeliveries/{id}/cancel", self.guarded(i.cancel), name="cancel"),
+                web.post("/lanes/{name}/pause", self.guarded(i.pause), name="pause"),
+                web.post("/lanes/{name}/resume", self.guarded(i.resume), name="resume"),
                 web.static("/static", STATIC, name="static"),
             ]
         )
         # An action's address opened with GET changes nothing: it says so.
-        for path in ("/logout", "/events/{id}/redeliver", "/dead/redeliver"):
+        for path in (
+            "/logout",
+            "/events/{id}/redeliver",
+            "/dead/redeliver",
+            "/redeliveries/{id}/cancel",
+            "/lanes/{name}/pause",
+            "/lanes/{name}/resume",
+        ):
             app.router.add_get(path, self.guarded(self.post_only))
         app.router.add_route("*", "/{tail:.*}", self.guarded(self.unknown))
         return app

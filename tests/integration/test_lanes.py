@@ -121,14 +121,21 @@ async def test_a_hanging_and_a_paced_sink_delay_only_themselves(
     ops = await aiohttp_client(runtime.ops_app())
     lanes = {lane["sink"]: lane for lane in (await (await ops.get("/admin/lanes")).json())["data"]}
     assert lanes["chat"]["rate_limit_per_second"] == rate
-    assert lanes["fast"] == {
+    assert lanes["fast"] | {"paused_since": None} == {
         "sink": "fast",
         "type": "http",
+        "state": "running",
         "concurrency": 8,
         "rate_limit_per_second": 0.0,
         "backlog": 0,
         "oldest_due_seconds": 0.0,
         "in_flight": 0,
+        "paused": False,
+        "paused_since": None,
+        "paused_until": None,
+        "reason": None,
+        "held_until": None,
+        "circuit_open": False,
     }
     assert lanes["hanging"]["in_flight"] > 0
     await runtime.refresh_gauges()

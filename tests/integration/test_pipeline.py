@@ -13,6 +13,7 @@ from tests.support.expect import expected_files
 from tests.support.helpers import wait_for
 from tests.support.pipeline import download_settings, settled
 from tests.support.pipeline import send as send_signed
+from tests.support.store_cases import redeliver
 from tests.support.upstream import rely_on, serve_upstream
 
 SECRET = "whsec_pipeline"
@@ -252,7 +253,7 @@ async def test_max_attempts_ends_dead_and_redeliver_dead_recovers(
         assert record.deliveries[0].attempts == 2
         assert record.deliveries[0].last_error.startswith("gave up after 2 attempts")
         upstream.error_fraction = 0.0
-        assert await runtime.store.redeliver_dead(now=time.time()) == 1
+        assert await redeliver(runtime.store, now=time.time()) == 1
         runtime.wake_worker()
         await settled(runtime, payload["id"])
 

@@ -31,6 +31,7 @@ from tests.support.postgres import (
     terminate_backends,
     url_with,
 )
+from tests.support.store_cases import redeliver
 
 T0 = 1_700_000_000.0
 LEASE = 60.0
@@ -305,9 +306,9 @@ async def test_new_events_wake_other_replicas_of_the_same_schema_only(
             assert wakes.count == 3
 
             await writer.settle("ev-2", "alpha", Outcome("dead", error="x"), now=T0 + 1)
-            await writer.redeliver_dead(now=T0 + 2)
+            await redeliver(writer, now=T0 + 2)
             await wakes.reach(4)
-            await writer.redeliver("ev-1", now=T0 + 3)
+            await redeliver(writer, now=T0 + 3, status="any", event_id="ev-1")
             await wakes.reach(5)
         finally:
             await other.close()

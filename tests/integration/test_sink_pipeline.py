@@ -30,6 +30,7 @@ from tests.support.receivers import (
     upstream,
 )
 from tests.support.services import require_service
+from tests.support.store_cases import redeliver
 
 __all__ = ["captures", "receiver", "upstream"]  # fixtures, used by name
 
@@ -140,7 +141,7 @@ async def test_max_attempts_ends_dead_and_a_redelivery_recovers(receiver, upstre
     assert by_sink["healthy"].state == "done" and by_sink["healthy"].attempts == 1
 
     doomed.status = 200
-    assert await runtime.store.redeliver_dead(now=time.time()) == 1
+    assert await redeliver(runtime.store, now=time.time()) == 1
     runtime.wake_worker()
     record = await settled(runtime, payload["id"])
     assert doomed.answers == [503, 503, 200]
@@ -170,7 +171,7 @@ async def test_unreachable_redis_dead_after_max_attempts_then_redelivered(
     server = LocalServer.redis(port, tmp_path)
     server.start()
     try:
-        assert await runtime.store.redeliver_dead(now=time.time()) == 1
+        assert await redeliver(runtime.store, now=time.time()) == 1
         runtime.wake_worker()
         await settled(runtime, payload["id"])
         check = aioredis.from_url(f"redis://127.0.0.1:{port}/0")
@@ -328,7 +329,7 @@ async def test_every_sink_type_receives_the_event(receiver, upstream, captures, 
 
         # A redelivery runs every sink again; Redis and JetStream keep one copy, the others
         # deliver again under the same event id for their consumers to drop.
-        assert await runtime.store.redeliver(event_id, now=time.time()) == 6
+        assert await redeliver(runtime.store, now=time.time(), status="any", event_id=event_id) == 6
         runtime.wake_worker()
         await settled(runtime, event_id)
 

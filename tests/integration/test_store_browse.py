@@ -9,10 +9,11 @@ from __future__ import annotations
 import pytest
 
 from receiver.errors import UnknownEvent
+from receiver.redelivery import redeliver_event
 from receiver.store import Outcome, Store
 from receiver.store.browse import Cursor, EventQuery
 from tests.integration import test_store_contract as contract
-from tests.support.store_cases import T0, new_event, states
+from tests.support.store_cases import T0, new_event, redeliver, states
 
 # The contract suite's backends: memory, SQLite, and Postgres when it is reachable.
 backend = contract.backend
@@ -143,21 +144,22 @@ async def test_dead_letters_group_by_sink_and_error_and_redeliver_by_group(store
     assert groups[0].event_ids == ("ev-03", "ev-01")
     assert (groups[0].first_at, groups[0].last_at) == (T0, T0 + 3)
 
-    assert await store.redeliver_dead_group("alpha", "HTTP 500", now=T0 + 50) == 3
+    assert await redeliver(store, now=T0 + 50, sinks=["alpha"], error="HTTP 500") == 3
     assert [(g.sink, g.error) for g in await store.dead_letters()] == [
         ("alpha", "timeout"),
         ("beta", "HTTP 500"),
     ]
     record = await store.get("ev-01")
     assert record is not None and record.state == "pending"
-    assert await store.redeliver_dead_group("alpha", "HTTP 500", now=T0 + 50) == 0
+    assert await redeliver(store, now=T0 + 50, sinks=["alpha"], error="HTTP 500") == 0
 
 
 async def test_redeliver_one_sink_leaves_the_others(store: Store) -> None:
     await fill(store, 1)
     await store.settle("ev-00", "alpha", Outcome("dead", "HTTP 500"), now=T0 + 5)
     await store.settle("ev-00", "beta", Outcome("done"), now=T0 + 5)
-    assert await store.redeliver_sink("ev-00", "alpha", now=T0 + 9) == 1
+    batch = await redeliver_event(store, "ev-00", sink="alpha", created_by="tests", now=T0 + 9)
+    assert batch.queued == 1
     record = await store.get("ev-00")
     assert record is not None
     assert states(record) == {"alpha": "pending", "beta": "done"}
@@ -165,6 +167,6 @@ async def test_redeliver_one_sink_leaves_the_others(store: Store) -> None:
     [alpha] = [d for d in record.deliveries if d.sink == "alpha"]
     assert (alpha.attempts, alpha.last_error, alpha.next_attempt_at) == (0, None, T0 + 9)
     with pytest.raises(UnknownEvent):
-        await store.redeliver_sink("ev-00", "gamma", now=T0)
+        await redeliver_event(store, "ev-00", sink="gamma", created_by="tests", now=T0)
     with pytest.raises(UnknownEvent):
-        await store.redeliver_sink("nope", "alpha", now=T0)
+        await redeliver_event(store, "nope", sink="alpha", created_by="tests", now=T0)

@@ -17,14 +17,15 @@ import pytest
 
 from receiver.config import StoreSettings
 from receiver.errors import PayloadError, StoreError, StoreUnavailable, UnknownEvent
+from receiver.redelivery import redeliver_event
 from receiver.store import Outcome, Store, rules
 from receiver.store.lanes_model import DeliveryKey, LanePolicy, LaneResult, LaneStats, Leases
 from receiver.store.memory import MemoryStore
 from receiver.store.records import DeliveryState, Snapshot
-from receiver.store.steps import MAX_STEPS_PER_DELIVERY, Step
 from receiver.store.sqlite import SqliteStore
+from receiver.store.steps import MAX_STEPS_PER_DELIVERY, Step
 from tests.support.postgres import fresh_schema, require_postgres, store_settings
-from tests.support.store_cases import ODD_IDS, T0, UNSTORABLE_IDS, new_event, states
+from tests.support.store_cases import ODD_IDS, T0, UNSTORABLE_IDS, new_event, redeliver, states
 
 LEASE = 60.0
 
@@ -316,7 +317,7 @@ async def test_a_failed_enrichment_backs_off_then_gives_up(store: Store) -> None
     assert await enrich_ids(store, now=T0 + 999) == []
 
     # A redelivery fetches the job again first.
-    assert await store.redeliver_dead(now=T0 + 20) == 1
+    assert await redeliver(store, now=T0 + 20) == 1
     assert await enrich_ids(store, now=T0 + 20) == ["ev-1"]
     record = await store.get("ev-1")
     assert record is not None and record.enrich_attempts == 0
@@ -657,7 +658,7 @@ async def test_redeliver_resets_every_delivery_but_skipped(store: Store) -> None
     await store.settle("ev-1", "beta", Outcome(state="done"), now=T0 + 1)
     await store.settle("ev-1", "gamma", Outcome(state="skipped", attempted=False), now=T0 + 1)
 
-    assert await store.redeliver("ev-1", now=T0 + 50) == 2
+    assert await redeliver(store, now=T0 + 50, status="any", event_id="ev-1") == 2
 
     record = await store.get("ev-1")
     assert record is not None
@@ -678,7 +679,7 @@ async def test_redeliver_resets_every_delivery_but_skipped(store: Store) -> None
 
 async def test_redeliver_unknown_event(store: Store) -> None:
     with pytest.raises(UnknownEvent):
-        await store.redeliver("nope", now=T0)
+        await redeliver_event(store, "nope", sink=None, created_by="tests", now=T0)
 
 
 async def test_redeliver_dead_only_touches_dead_deliveries(store: Store) -> None:
@@ -693,7 +694,7 @@ async def test_redeliver_dead_only_touches_dead_deliveries(store: Store) -> None
     await store.settle("ev-3", "beta", Outcome(state="done"), now=T0 + 1)
     assert (await store.counts())[0] == {"pending": 0, "done": 1, "dead": 2}
 
-    assert await store.redeliver_dead(now=T0 + 20) == 3
+    assert await redeliver(store, now=T0 + 20) == 3
 
     ev1, ev2, ev3 = [await store.get(i) for i in ("ev-1", "ev-2", "ev-3")]
     assert ev1 is not None and ev2 is not None and ev3 is not None
@@ -702,7 +703,7 @@ async def test_redeliver_dead_only_touches_dead_deliveries(store: Store) -> None
     assert (ev3.state, states(ev3)) == ("done", {"alpha": "done", "beta": "done"})
     assert ev1.deliveries[0].attempts == 0 and ev1.deliveries[0].last_error is None
     assert ev1.deliveries[1].attempts == 1
-    assert await store.redeliver_dead(now=T0 + 21) == 0
+    assert await redeliver(store, now=T0 + 21) == 0
 
 
 # -- pruning, counting, listing -----------------------------------------------------------------

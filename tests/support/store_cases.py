@@ -48,3 +48,15 @@ ODD_IDS = (
 #: Values no store keeps in an id, event name or job id (Postgres text holds no NUL; SQLite's
 #: JSON functions end a string at one; UTF-8 has no lone surrogate): refused, every time.
 UNSTORABLE_IDS = ("ev-\x00", "\x00", "ev-\x00-\x00tail", "ev-é\x00", "ev-\ud800", "\udfff")
+
+
+async def redeliver(store: Any, *, now: float, **fields: Any) -> int:
+    """Send deliveries again as every caller does (a batch, its first step queued at once):
+    ``fields`` make the filter (default: every dead delivery); how many were queued."""
+    from receiver.redelivery import start
+    from receiver.store.batches import RedeliveryFilter
+
+    if "sinks" in fields:
+        fields["sinks"] = tuple(fields["sinks"])
+    batch = await start(store, RedeliveryFilter(**fields), created_by="tests", now=now)
+    return batch.queued

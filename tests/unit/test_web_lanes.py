@@ -22,7 +22,7 @@ def test_rows_follow_the_config_then_sinks_only_the_store_knows():
     )
     sinks = [SinkSettings(name="files", type="download"), SinkSettings(name="slack", type="slack")]
     sinks.append(SinkSettings(name="idle", type="http"))
-    rows = lane_rows(overview, sinks=sinks, metrics=metrics, rates=DeliveryRates(metrics), now=NOW)
+    rows = lane_rows(overview, sinks=sinks, states={}, rates=DeliveryRates(metrics), now=NOW)
     assert [(r.sink, r.type) for r in rows] == [
         ("files", "download"),
         ("slack", "slack"),

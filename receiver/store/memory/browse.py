@@ -1,9 +1,8 @@
-"""The memory store's reads, redeliveries and prunes, and the inbox page's queries (see
+"""The memory store's reads and prunes, and the inbox page's queries (see
 :mod:`receiver.store.browse`)."""
 
 from __future__ import annotations
 
-from receiver.errors import UnknownEvent
 from receiver.store import rules
 from receiver.store.browse import (
     Cursor,
@@ -15,13 +14,13 @@ from receiver.store.browse import (
     lane_counts,
     matches,
 )
-from receiver.store.memory.records import MemoryTables, reset_deliveries
+from receiver.store.memory.batches import MemoryBatches
 from receiver.store.records import EVENT_STATES, DeliveryRecord, EventRecord
 from receiver.store.steps import Step, in_order
 
 
-class MemoryBrowse(MemoryTables):
-    """Reads, redeliveries, prunes and the inbox page of the memory store."""
+class MemoryBrowse(MemoryBatches):
+    """Reads, redelivery batches, prunes and the inbox page of the memory store."""
 
     async def get(self, event_id: str) -> EventRecord | None:
         self._check()
@@ -41,21 +40,6 @@ class MemoryBrowse(MemoryTables):
         events.sort(key=lambda ev: (ev.new.received_at, ev.seq), reverse=True)
         start = max(offset, 0)
         return [ev.record() for ev in events[start : start + max(limit, 0)]]
-
-    async def redeliver(self, event_id: str, *, now: float) -> int:
-        self._check()
-        ev = self._event(event_id)
-        count = reset_deliveries(ev, ev.deliveries.values(), now)
-        return count
-
-    async def redeliver_dead(self, *, now: float) -> int:
-        self._check()
-        count = 0
-        for ev in self._events.values():
-            dead = [d for d in ev.deliveries.values() if d.state == "dead"]
-            if dead:
-                count += reset_deliveries(ev, dead, now)
-        return count
 
     async def prune(self, *, older_than: float, batch: int = 1000) -> int:
         self._check()
@@ -161,23 +145,6 @@ class MemoryBrowse(MemoryTables):
         ]
         out.sort(key=lambda g: (-g.count, g.sink, g.error or ""))
         return out[: max(groups, 0)]
-
-    async def redeliver_sink(self, event_id: str, sink: str, *, now: float) -> int:
-        self._check()
-        ev = self._events.get(event_id)
-        delivery = ev.deliveries.get(sink) if ev is not None else None
-        if ev is None or delivery is None:
-            raise UnknownEvent(f"no delivery {sink!r} for event {event_id!r}")
-        return reset_deliveries(ev, [delivery], now)
-
-    async def redeliver_dead_group(self, sink: str, error: str | None, *, now: float) -> int:
-        self._check()
-        count = 0
-        for ev in self._events.values():
-            d = ev.deliveries.get(sink)
-            if d is not None and d.state == "dead" and d.last_error == error:
-                count += reset_deliveries(ev, [d], now)
-        return count
 
 
 def _key(cursor: Cursor) -> tuple[float, str]:

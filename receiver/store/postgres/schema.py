@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from receiver.store.postgres.batches import BATCH_SCHEMA
 from receiver.store.postgres.pull import ASSET_LEDGER_SCHEMA, PULL_SCHEMA
 from receiver.store.sql.schema import (
     BROWSE_INDEXES,
@@ -137,6 +138,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "watch list and job outcomes (pull mode)", PULL_SCHEMA),
     Migration(5, "asset ledger (reconcile)", ASSET_LEDGER_SCHEMA),
     Migration(6, "event timeline and trace context", STEPS_SCHEMA),
+    Migration(7, "redelivery batches and lane pauses", BATCH_SCHEMA),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from receiver.errors import UnknownEvent
 from receiver.store.browse import (
     Cursor,
     DeadGroup,
@@ -21,8 +20,9 @@ from receiver.store.browse import (
     lane_counts,
 )
 from receiver.store.records import DELIVERY_COLUMNS, EVENT_COLUMNS, EVENT_STATES, EventRecord
-from receiver.store.sql.conn import Conn, SqlMixin
-from receiver.store.sql.records import RecordSql, lock_event, recompute, with_deliveries
+from receiver.store.sql.batches import BatchSql, SqlBatches
+from receiver.store.sql.conn import Conn
+from receiver.store.sql.records import RecordSql, with_deliveries
 
 # -- SQL both dialects run as it is -------------------------------------------------------------
 
@@ -108,14 +108,6 @@ def browse_sql(
     return sql, params
 
 
-REDELIVER = """
-UPDATE deliveries
-SET state = 'pending', attempts = 0, next_attempt_at = :now, last_error = NULL, updated_at = :now
-WHERE event_id = :event_id AND state != 'skipped'
-"""
-
-REDELIVER_SINK = REDELIVER + " AND sink = :sink"
-
 # Served by the partial index deliveries_failing.
 LANES_FAILING = """
 SELECT sink, count(*) FROM deliveries
@@ -134,8 +126,6 @@ FROM deliveries WHERE state = 'dead'
 GROUP BY sink, last_error ORDER BY count(*) DESC, sink, last_error LIMIT :limit
 """
 
-DELIVERY_STATE = "SELECT state FROM deliveries WHERE event_id = :event_id AND sink = :sink"
-
 
 class BrowseSql:
     """The statements a dialect runs for reads and redeliveries: a backend's subclass
@@ -143,44 +133,31 @@ class BrowseSql:
     dialects run as it is. ``:ids`` is a list of event ids."""
 
     RECORDS: ClassVar[type[RecordSql]]
+    #: The dialect's statements for redelivery batches (receiver.store.sql.batches).
+    BATCHES: ClassVar[type[BatchSql]]
     #: Events newest first (``:limit``, ``:offset``), all or only those in ``:state``.
     LIST_ALL: ClassVar[str]
     LIST_BY_STATE: ClassVar[str]
-    #: Events whose job is to be fetched again first: those of ``:ids`` without a snapshot.
-    REENRICH: ClassVar[str]
-    #: The ids of the events with a dead delivery (of ``:sink`` whose last error is ``:error``),
-    #: locked where writers lock rows; then those deliveries made pending and due ``:now``.
-    LOCK_DEAD_EVENTS: ClassVar[str]
-    REDELIVER_DEAD: ClassVar[str]
-    LOCK_DEAD_GROUP_EVENTS: ClassVar[str]
-    REDELIVER_DEAD_GROUP: ClassVar[str]
     #: Delete up to ``:limit`` done events received before ``:older_than``.
     PRUNE_BATCH: ClassVar[str]
     #: Pending deliveries by sink: backlog, oldest due, due at ``:now``, leased at ``:now``.
     LANES_PENDING: ClassVar[str]
     #: The newest ``:limit`` event ids of a dead group (``:sink``, ``:error``).
     DEAD_SAMPLES: ClassVar[str]
-    REDELIVER: ClassVar[str] = REDELIVER
-    REDELIVER_SINK: ClassVar[str] = REDELIVER_SINK
     LANES_FAILING: ClassVar[str] = LANES_FAILING
     RECENT_ERRORS: ClassVar[str] = RECENT_ERRORS
     DEAD_GROUPS: ClassVar[str] = DEAD_GROUPS
-    DELIVERY_STATE: ClassVar[str] = DELIVERY_STATE
     COUNTS: ClassVar[str] = COUNTS
 
 
-async def _redelivered(c: Conn, sql: type[BrowseSql], event_ids: list[str], now: float) -> None:
-    """Events with deliveries to send again: their job fetched afresh first (the snapshot may be
-    stale by now), their states recomputed, every process's workers woken on commit."""
-    await c.run(sql.REENRICH, {"now": now, "ids": event_ids})
-    await recompute(c, sql.RECORDS, event_ids)
-    await c.notify()
-
-
-class SqlBrowse(SqlMixin):
-    """Reads, redeliveries, prunes and the inbox page of the SQL stores."""
+class SqlBrowse(SqlBatches):
+    """Reads, redelivery batches, prunes and the inbox page of the SQL stores."""
 
     _browse_sql: type[BrowseSql]
+
+    @property
+    def _batch_sql(self) -> type[BatchSql]:
+        return self._browse_sql.BATCHES
 
     async def get(self, event_id: str) -> EventRecord | None:
         sql = self._browse_sql.RECORDS
@@ -204,32 +181,6 @@ class SqlBrowse(SqlMixin):
             return await with_deliveries(c, sql.RECORDS, rows)
 
         return await self._run_read(run, snapshot=True)
-
-    async def redeliver(self, event_id: str, *, now: float) -> int:
-        sql = self._browse_sql
-
-        async def run(c: Conn) -> int:
-            await lock_event(c, sql.RECORDS, event_id)
-            count = await c.run(sql.REDELIVER, {"now": now, "event_id": event_id})
-            if count:
-                await _redelivered(c, sql, [event_id], now)
-            return count
-
-        return await self._run_write(run)
-
-    async def redeliver_dead(self, *, now: float) -> int:
-        sql = self._browse_sql
-
-        async def run(c: Conn) -> int:
-            # Event rows first, in id order (as every other writer locks them).
-            ids = [row[0] for row in await c.rows(sql.LOCK_DEAD_EVENTS)]
-            if not ids:
-                return 0
-            count = await c.run(sql.REDELIVER_DEAD, {"now": now, "ids": ids})
-            await _redelivered(c, sql, ids, now)
-            return count
-
-        return await self._run_write(run)
 
     async def prune(self, *, older_than: float, batch: int = 1000) -> int:
         sql = self._browse_sql
@@ -306,33 +257,3 @@ class SqlBrowse(SqlMixin):
             return out
 
         return await self._run_read(run, snapshot=True)
-
-    async def redeliver_sink(self, event_id: str, sink: str, *, now: float) -> int:
-        sql = self._browse_sql
-        params = {"now": now, "event_id": event_id, "sink": sink}
-
-        async def run(c: Conn) -> int:
-            if sql.RECORDS.LOCKS_ROWS:
-                await c.value(sql.RECORDS.LOCK_EVENT, params)
-            if await c.value(sql.DELIVERY_STATE, params) is None:
-                raise UnknownEvent(f"no delivery {sink!r} for event {event_id!r}")
-            count = await c.run(sql.REDELIVER_SINK, params)
-            if count:
-                await _redelivered(c, sql, [event_id], now)
-            return count
-
-        return await self._run_write(run)
-
-    async def redeliver_dead_group(self, sink: str, error: str | None, *, now: float) -> int:
-        sql = self._browse_sql
-
-        async def run(c: Conn) -> int:
-            group = {"sink": sink, "error": error}
-            ids = [row[0] for row in await c.rows(sql.LOCK_DEAD_GROUP_EVENTS, group)]
-            if not ids:
-                return 0
-            count = await c.run(sql.REDELIVER_DEAD_GROUP, {**group, "now": now, "ids": ids})
-            await _redelivered(c, sql, ids, now)
-            return count
-
-        return await self._run_write(run)

@@ -51,8 +51,10 @@ SELECT_PENDING_SINKS = """
 SELECT sink FROM deliveries WHERE event_id = :event_id AND state = 'pending' ORDER BY sink
 """
 
+# (The operator's pause, hold_*, is read with the rest and written only by pause and resume.)
 SELECT_LANE = """
-SELECT tokens, refilled_at, paused_until, failures, opened_at FROM lanes WHERE sink = :sink
+SELECT tokens, refilled_at, paused_until, failures, opened_at, hold_since, hold_until, hold_reason
+FROM lanes WHERE sink = :sink
 """
 
 INSERT_LANE = """
@@ -216,9 +218,9 @@ class SqlLanes(SqlMixin):
         finished: Mapping[str, Outcome] | None = None,
         ledger: Sequence[LedgerEntry] = (),
         now: float,
+        steps: Sequence[Step] = (),
     ) -> EventState:
         sql = self._lane_sql
-        steps: Sequence[Step] = (),
         settles = [settle_params(event_id, sink, o, now) for sink, o in (finished or {}).items()]
         args = {
             "event_id": event_id,
@@ -239,9 +241,9 @@ class SqlLanes(SqlMixin):
                 await c.run(sql.RECORD_ASSETS, assets)
             for settle in settles:
                 await c.run(sql.SETTLE_PENDING, settle)
+            await write_steps(c, event_id, steps)
             await c.notify()  # deliveries became claimable: other processes' lanes may look now
             return (await recompute(c, sql.RECORDS, [event_id]))[event_id]
-            await write_steps(c, event_id, steps)
 
         return await self._run_write(run)
 
@@ -263,9 +265,9 @@ class SqlLanes(SqlMixin):
             await c.run(sql.FAIL_ENRICHMENT, params)
             for (sink,) in await c.rows(sql.SELECT_PENDING_SINKS, {"event_id": event_id}):
                 await c.run(sql.SETTLE, settle_params(event_id, sink, outcome, now))
+            await write_steps(c, event_id, steps)
             return (await recompute(c, sql.RECORDS, [event_id]))[event_id]
 
-            await write_steps(c, event_id, steps)
         return await self._run_write(run)
 
     # -- lanes ----------------------------------------------------------------------------------
@@ -351,9 +353,9 @@ class SqlLanes(SqlMixin):
         *,
         now: float,
         lane: LaneResult | None = None,
+        steps: Sequence[Step] = (),
     ) -> EventState:
         sql = self._lane_sql
-        steps: Sequence[Step] = (),
         args = settle_params(event_id, sink, outcome, now)
 
         async def run(c: Conn) -> EventState:
@@ -364,9 +366,9 @@ class SqlLanes(SqlMixin):
                 raise unknown
             if await c.run(sql.SETTLE, args) == 0:
                 raise unknown
+            await write_steps(c, event_id, steps)
             state = (await recompute(c, sql.RECORDS, [event_id]))[event_id]
             if lane is not None:
-            await write_steps(c, event_id, steps)
                 await lane_result(c, sql, sink, lane, now)
             return state
 
