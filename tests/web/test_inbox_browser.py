@@ -23,6 +23,7 @@ import pytest
 
 from tests.support.helpers import ROOT
 from tests.support.services import require_tool
+from tests.support.upstream import rely_on
 from tests.web.stack import ADMIN_TOKEN, Stack
 
 XSS = "<script>alert(1)</script>"
@@ -177,6 +178,7 @@ def test_a_sent_webhook_appears_filters_opens_and_redelivers(page, stack):
 
 
 def test_a_payload_with_a_script_shows_as_text(page, stack):
+    rely_on(stack.sim, job=["item_name"])  # the fetched job carries the hostile name too
     payload = stack.send("image", item_name=XSS, extra={"item_name": XSS})
     page.goto(f"/ui/events/{payload['id']}")
     expect(page.locator("#body")).to_contain_text(f'"item_name": "{XSS}"')
@@ -252,3 +254,44 @@ def test_screenshots_of_the_events_list_and_an_event(page, stack):
     page.goto(f"/ui/events/{payload['id']}")
     expect(page.locator("#event-id")).to_have_text(payload["id"])
     screenshot(page, "ui-event.png")
+
+
+def test_an_events_timeline_shows_where_its_time_went(page, stack):
+    stack.consumer.fail_times(2)  # 500, 500, then 200: three attempts
+    payload = stack.send("image", item_name="wave-late")
+    event_id = payload["id"]
+    wait_until(lambda: stack.consumer_got(event_id) == 3, "the third attempt to reach the sink")
+    attempts = page.locator("svg.timeline rect.attempt")
+
+    def three_attempts() -> bool:
+        page.goto(f"/ui/events/{event_id}")
+        return attempts.count() == 3
+
+    wait_until(three_attempts, "three attempts on the timeline")
+    expect(page.locator("svg.timeline rect.attempt.retry")).to_have_count(2)
+    expect(page.locator("svg.timeline rect.attempt.delivered")).to_have_count(1)
+    expect(page.locator("svg.timeline rect.mark")).to_have_count(2)  # received, stored
+    expect(page.locator("svg.timeline rect.call").first).to_be_visible()
+    # Each bar says what it was on hover; the steps are listed below with their errors.
+    expect(attempts.first.locator("title")).to_contain_text("attempt 1: retry, HTTP 500")
+    steps = page.locator("table.steps tbody tr")
+    expect(steps.filter(has_text="GET /jobs/{id}")).to_have_count(1)
+    expect(steps.filter(has_text="attempt")).to_have_count(3)
+    expect(steps.filter(has_text="HTTP 500")).to_have_count(2)
+    box = page.locator("svg.timeline").bounding_box()
+    assert box is not None and box["width"] > 600
+    folder = os.environ.get("RECEIVER_SCREENSHOTS")
+    if folder:
+        page.locator("#timeline").screenshot(path=str(ROOT / folder / "ui-timeline.png"))
+
+    # The admin API gives the same steps.
+    answer = page.request.get(
+        f"/admin/events/{event_id}", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    )
+    assert answer.ok
+    data = answer.json()["data"]
+    tried = [
+        (s["attempt"], s["outcome"], s["status"]) for s in data["steps"] if s["kind"] == "attempt"
+    ]
+    assert tried == [(1, "retry", 500), (2, "retry", 500), (3, "delivered", 200)]
+    assert data["stored_at"] >= data["received_at"] - 1
