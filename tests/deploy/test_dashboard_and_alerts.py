@@ -106,9 +106,13 @@ def test_the_alerts_cover_the_failure_modes():
         "ReceiverUpstreamAuthFailing": '"401|403"',
         "ReceiverUpstreamWebhookInactive": "receiver_upstream_webhook_active",
         "ReceiverLaneBehind": "receiver_sink_oldest_due_seconds",
+        "ReceiverLanePausedTooLong": "receiver_sink_paused_seconds",
     }
     for name, needle in expected.items():
         assert needle in rules[name]["expr"], name
+    # A lane an operator paused on purpose is not "behind".
+    assert "unless on (job, instance, sink)" in rules["ReceiverLaneBehind"]["expr"]
+    assert "receiver_sink_paused{" in rules["ReceiverLaneBehind"]["expr"]
     for name, rule in rules.items():
         assert rule["labels"]["severity"] in ("warning", "critical"), name
         assert rule["annotations"]["summary"] and rule["annotations"]["description"], name
