@@ -147,7 +147,7 @@ IMAGE ?= localhost/receiver
 # (the build stage is tagged $(IMAGE)-build so that pruning old images keeps its cache)
 # The base's tag follows its recipe, so a changed recipe builds a new one.
 IMAGE_BASE ?= localhost/receiver-python-base:$(shell sha256sum deploy/docker/debian-base.sh | cut -c1-12)
-IMAGE_EXTRAS ?= postgres
+IMAGE_EXTRAS ?= postgres,otel
 IMAGE_COMMANDS := podman:podman buildah:buildah debootstrap:debootstrap
 
 .PHONY: image-tools image image-test
@@ -187,7 +187,7 @@ test-postgres: $(VENV)/.installed-dev  ## the Postgres tests alone (PostgreSQL o
 # Each benchmark measures its baselines in the same run and prints ratios; BENCH_ARGS passes
 # options through (e.g. `make bench-ingest BENCH_ARGS="--rounds 5 --loop asyncio"`).
 .PHONY: bench bench-ingest bench-scale bench-e2e bench-lanes bench-web bench-tools fuzz
-.PHONY: bench-steps bench-profile
+.PHONY: bench-steps bench-profile bench-tracing
 .PHONY: fuzz-webhook
 BENCH_ARGS ?=
 FUZZ_EXAMPLES ?= 100000
@@ -204,6 +204,9 @@ bench-tools:  ## wrk and gcc (for bench-ingest's slow-disk shim), from the distr
 
 bench-ingest: $(VENV)/.installed-bench bench-tools  ## intake on SQLite and Postgres vs a bare handler, per-request commits and storing nothing; SQLite and per-request commits on a disk adding 2 ms a sync
 	$(BIN)/python -m bench.ingest $(BENCH_ARGS)
+
+bench-tracing: $(VENV)/.installed-bench bench-tools  ## intake on SQLite with tracing on (sample_ratio 1.0, spans exported) vs off
+	$(BIN)/python -m bench.ingest --targets bare,sqlite,sqlite-traced $(BENCH_ARGS)
 
 bench-steps: $(VENV)/.installed-bench  ## intake's steps one by one and its whole handler, CPU time per webhook
 	$(BIN)/python -m bench.ingest.steps $(BENCH_ARGS)

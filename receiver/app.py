@@ -13,7 +13,7 @@ import functools
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import aiohttp
 from aiohttp import web
@@ -44,6 +44,9 @@ from receiver.watchdog import Watchdog
 from receiver.web import InboxUi
 from receiver.worker import Worker
 
+if TYPE_CHECKING:
+    from receiver.tracing import Tracing
+
 log = get_logger("receiver.app")
 
 Role = Literal["all", "intake", "worker"]
@@ -70,6 +73,7 @@ class Runtime:
         sinks: list[Sink] | None = None,
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.time,
+        tracing: Tracing | None = None,
     ) -> None:
         self.settings = settings
         self.role = role
@@ -90,6 +94,14 @@ class Runtime:
         # The background loops: gauges, pruning, the watchdog and the worker's lease extension.
         self.supervisor = Supervisor(metrics=self.metrics)
         self._closed = False
+        if tracing is None and settings.tracing.enabled:
+            from receiver.tracing import Tracing  # only now: tracing off imports nothing of it
+
+            tracing = Tracing(settings.tracing)
+        #: OpenTelemetry (``[tracing]``), None when off.
+        self.tracing = tracing
+        if tracing is not None:
+            tracing.start_logging()
 
     @property
     def runs_workers(self) -> bool:
@@ -135,6 +147,7 @@ class Runtime:
             enricher=Enricher(upstream, clock=self.clock),
             metrics=self.metrics,
             clock=self.clock,
+            tracing=self.tracing,
         )
         self.worker.start(self.supervisor)
         self.poller = Poller(
@@ -144,6 +157,7 @@ class Runtime:
             metrics=self.metrics,
             on_event=self.wake_worker,
             clock=self.clock,
+            tracing=self.tracing,
         )
         self.poller.start()
         reconciler = Reconciler(
@@ -206,6 +220,8 @@ class Runtime:
         if self.session is not None:
             await self.session.close()
             self.session = None
+        if self.tracing is not None:
+            await self.tracing.shutdown(self.settings.server.shutdown_timeout_seconds)
 
     async def drain_workers(self, timeout: float) -> None:
         """Stop claiming; give in-flight events ``timeout`` seconds, then cancel and release."""
@@ -229,7 +245,12 @@ class Runtime:
     def public_app(self) -> web.Application:
         """The public listener: ``POST {server.path}`` and ``GET /healthz``."""
         server = self.settings.server
-        intake = self.intake = Intake(
+        make: Callable[..., Intake] = Intake
+        if self.tracing is not None:  # the plain handler stays untouched when tracing is off
+            from receiver.tracing_intake import TracedIntake
+
+            make = functools.partial(TracedIntake, tracing=self.tracing)
+        intake = self.intake = make(
             settings=self.settings,
             store=self.store,
             secrets=self.secrets,

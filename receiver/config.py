@@ -11,6 +11,7 @@ and ``RECEIVER_STORE_URL`` (replaces ``store.url``).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 from collections.abc import Mapping
@@ -29,6 +30,7 @@ from receiver.config_schema import (
     rule,
     sections,
 )
+from receiver.extras import install_hint
 
 DEFAULT_CONFIG_PATH = "config.toml"
 MIN_RETENTION_HOURS = 48
@@ -243,6 +245,53 @@ class LogSettings:
     format: str = key("auto", "auto, json or console", check=one_of("auto", "json", "console"))
 
 
+def otel_installed() -> bool:
+    """Whether the OpenTelemetry SDK and its OTLP/HTTP exporter can be imported (nothing of
+    them is imported to tell)."""
+    try:
+        return all(
+            importlib.util.find_spec(name) is not None
+            for name in ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")
+        )
+    except ImportError:
+        return False
+
+
+@dataclass(frozen=True)
+class TracingSettings:
+    """``[tracing]``: OpenTelemetry traces over OTLP/HTTP (the ``receiver[otel]`` extra)."""
+
+    enabled: bool = key(False, "export one trace per event (needs the receiver[otel] extra)")
+    endpoint: str = key(
+        "",
+        "OTLP/HTTP base URL, spans go to {endpoint}/v1/traces; empty: the OTEL_EXPORTER_OTLP_"
+        "(TRACES_)ENDPOINT variables, else no export",
+        check=rule(
+            lambda v: not v or v.startswith(("http://", "https://")),
+            "must be an http:// or https:// URL (or empty)",
+        ),
+    )
+    service_name: str = key(
+        "receiver",
+        "service.name of the spans (OTEL_SERVICE_NAME wins when set)",
+        check=rule(bool, "must not be empty"),
+    )
+    sample_ratio: float = key(
+        1.0,
+        "share of the traces this receiver starts that are kept; an incoming sampled "
+        "traceparent is always kept",
+        check=between(0, 1),
+    )
+
+    def problems(self) -> list[str]:
+        if self.enabled and not otel_installed():
+            return [
+                "tracing.enabled: OpenTelemetry is not installed, it comes with the extra "
+                f"receiver[otel]; {install_hint('otel')}"
+            ]
+        return []
+
+
 @dataclass(frozen=True)
 class SinkSettings:
     """One ``[[sinks]]`` table: the keys common to every sink, and the type's own keys."""
@@ -276,6 +325,7 @@ class Settings:
     admin: AdminSettings = AdminSettings()
     log: LogSettings = LogSettings()
     pull: PullSettings = PullSettings()
+    tracing: TracingSettings = TracingSettings()
     sinks: tuple[SinkSettings, ...] = ()
     reconcile: tuple[ReconcileSettings, ...] = ()
     source: str = "<defaults>"

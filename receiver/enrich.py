@@ -113,8 +113,11 @@ class Enricher:
             assets[known[asset_id]] = asset
         return Snapshot(job=snapshot.job, assets=tuple(assets), fetched_at=started)
 
-    def build(self, record: EventRecord, snapshot: Snapshot) -> Enriched:
-        """The enriched event the sinks get, from a stored event and its snapshot."""
+    def build(
+        self, record: EventRecord, snapshot: Snapshot, traceparent: str | None = None
+    ) -> Enriched:
+        """The enriched event the sinks get, from a stored event and its snapshot (and the
+        delivery attempt's traceparent, tracing on)."""
         payload = record.payload()
         job = snapshot.job
         files: list[FileRef] = []
@@ -136,6 +139,7 @@ class Enricher:
             files=tuple(files),
             received_at=record.received_at,
             processed_at=self._clock(),
+            traceparent=traceparent,
         )
 
     async def enrich(self, record: EventRecord) -> Enriched:

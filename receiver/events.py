@@ -41,6 +41,8 @@ class Enriched:
     files: tuple[FileRef, ...]
     received_at: float
     processed_at: float
+    #: The W3C traceparent of the delivery attempt's span (tracing on), carried by every sink.
+    traceparent: str | None = None
     _json: list[bytes] = field(default_factory=list, compare=False, repr=False)
 
     @property

@@ -21,12 +21,13 @@ import contextlib
 import functools
 import math
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 
 import structlog
 
 from receiver import faults
+from receiver.attempts import Attempt, Notes
 from receiver.enrich import Enricher
 from receiver.errors import (
     DeliveryError,
@@ -53,6 +54,8 @@ from receiver.store.lanes_model import (
     Leases,
 )
 from receiver.store.records import EventRecord, EventState, Outcome, Snapshot
+from receiver.store.steps import Step
+from receiver.timeline import exemplar_of
 
 log = get_logger("receiver.lanes")
 
@@ -97,7 +100,8 @@ class Finish:
             return
         self.metrics.events.labels(record.event, "processed" if state == "done" else "dead").inc()
         if state == "done":
-            self.metrics.event_lag.observe(max(0.0, self.clock() - record.received_at))
+            lag = max(0.0, self.clock() - record.received_at)
+            self.metrics.event_lag.observe(lag, exemplar_of(record.trace))
             log.info("event processed", event_id=record.id, event_name=record.event)
 
 
@@ -185,6 +189,8 @@ class LaneContext:
     lease_seconds: float
     poll_seconds: float
     clock: Callable[[], float] = time.time
+    #: Each attempt's timeline steps and (tracing on) span; default: steps only.
+    notes: Notes | None = None
 
 
 class Lane:
@@ -213,6 +219,7 @@ class Lane:
         self._lease = context.lease_seconds
         self._poll = context.poll_seconds
         self._clock = context.clock
+        self._notes = context.notes or Notes(clock=context.clock)
         self._wake = asyncio.Event()
         self._held_until: float | None = None
         self.in_flight: dict[DeliveryKey, asyncio.Task[None]] = {}
@@ -289,9 +296,12 @@ class Lane:
     async def _deliver(self, leased: Leased, started: float) -> None:
         record, delivery = leased.event, leased.delivery
         attempt = delivery.attempts + 1
-        with _bound(event_id=record.id, job_id=record.job_id):
+        with (
+            _bound(event_id=record.id, job_id=record.job_id),
+            self._notes.delivery(self.name, self.sink.settings.type, record, attempt) as note,
+        ):
             try:
-                error = await self._attempt(record)
+                error = await self._attempt(record, note)
             except asyncio.CancelledError:
                 # Shutting down mid-send: hand the delivery back at once.
                 with contextlib.suppress(StoreError):
@@ -302,18 +312,21 @@ class Lane:
             if error is None:
                 faults.reached("after_sink_success")
                 log.info("delivered", sink=self.name, attempt=attempt)
-                await self._settle(record, Outcome("done"), "success", lane)
+                await self._settle(
+                    record, Outcome("done"), "success", lane, note.steps("delivered")
+                )
                 return
             if pause is not None:
                 log.warning("lane paused by the destination", sink=self.name, seconds=pause)
             decision = self._retry.decide(error, attempt)
             if decision.dead:
-                await self._settle(record, Outcome("dead", error=decision.reason), "dead", lane)
+                dead = Outcome("dead", error=decision.reason)
+                await self._settle(record, dead, "dead", lane, note.steps("dead", error))
                 log.error("delivery dead", sink=self.name, attempts=attempt, error=decision.reason)
                 return
             retry_at = self._clock() + decision.delay
             outcome = Outcome("pending", error=decision.reason, next_attempt_at=retry_at)
-            await self._settle(record, outcome, "retry", lane)
+            await self._settle(record, outcome, "retry", lane, note.steps("retry", error))
             log.warning(
                 "delivery failed; will retry",
                 sink=self.name,
@@ -322,45 +335,50 @@ class Lane:
                 error=decision.reason,
             )
 
-    async def _attempt(self, record: EventRecord) -> BaseException | None:
+    async def _attempt(self, record: EventRecord, note: Attempt) -> BaseException | None:
         """One attempt (with one more send at once after refused URLs were fetched again);
         the error it ended with, or None."""
         try:
             snapshot = await self._snapshots.current(record)
         except Exception as exc:
             return _delivery_error(exc, "unexpected error while fetching the job")
-        error = await self._send(self._enricher.build(record, snapshot))
+        error = await self._send(self._enricher.build(record, snapshot, note.traceparent), note)
         if isinstance(error, UrlRefused):
             try:
                 snapshot = await self._snapshots.refused(record, snapshot, error.asset_ids)
             except Exception as exc:
                 return _delivery_error(exc, "unexpected error while fetching the job")
-            error = await self._send(self._enricher.build(record, snapshot))
+            error = await self._send(self._enricher.build(record, snapshot, note.traceparent), note)
         return error
 
-    async def _send(self, enriched: Enriched) -> BaseException | None:
+    async def _send(self, enriched: Enriched, note: Attempt) -> BaseException | None:
         timeout = self.sink.settings.timeout_seconds
         started = time.monotonic()
         try:
             async with asyncio.timeout(timeout):
-                await self.sink.send(enriched)
+                note.status = await self.sink.send(enriched)
         except TimeoutError:
             return TransientError(f"timed out after {timeout:g} s")
         except Exception as exc:
             return _delivery_error(exc, "unexpected sink error")
         finally:
             self._metrics.sink_delivery_seconds.labels(self.name).observe(
-                time.monotonic() - started
+                time.monotonic() - started, note.exemplar
             )
         return None
 
     async def _settle(
-        self, record: EventRecord, outcome: Outcome, metric: str, lane: LaneResult
+        self,
+        record: EventRecord,
+        outcome: Outcome,
+        metric: str,
+        lane: LaneResult,
+        steps: Sequence[Step] = (),
     ) -> None:
         self._metrics.sink_deliveries.labels(self.name, metric).inc()
         try:
             state = await self._store.settle(
-                record.id, self.name, outcome, now=self._clock(), lane=lane
+                record.id, self.name, outcome, now=self._clock(), lane=lane, steps=steps
             )
         except (StoreError, UnknownEvent) as exc:
             # The lease runs out and the delivery is attempted again: at-least-once.

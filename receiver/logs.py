@@ -10,11 +10,13 @@ from __future__ import annotations
 import logging
 import re
 import sys
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import structlog
+
+Processor = Callable[[Any, str, MutableMapping[str, Any]], MutableMapping[str, Any]]
 
 _URL_QUERY = re.compile(r"(https?://[^\s?#\"']+)\?[^\s#\"']*")
 _LEVELS = {
@@ -104,6 +106,22 @@ class _OneLineHandler(logging.Handler):
             method(record.getMessage(), **fields)
         except Exception:  # logging must never raise into the caller
             self.handleError(record)
+
+
+def add_processor(processor: Processor) -> None:
+    """Add ``processor`` to the chain, before the URL scrubbing and rendering (idempotent)."""
+    processors = list(structlog.get_config()["processors"])
+    if processor in processors:
+        return
+    at = processors.index(scrub_urls) if scrub_urls in processors else max(0, len(processors) - 1)
+    processors.insert(at, processor)
+    structlog.configure(processors=processors)
+
+
+def remove_processor(processor: Processor) -> None:
+    """Take ``processor`` out of the chain again."""
+    processors = [p for p in structlog.get_config()["processors"] if p is not processor]
+    structlog.configure(processors=processors)
 
 
 def get_logger(name: str) -> Any:

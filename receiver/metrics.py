@@ -7,10 +7,13 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_LATEST
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 
 from receiver.loop_metrics import LoopCounter, LoopHistogram
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+OPENMETRICS_TYPE = OPENMETRICS_LATEST
 
 WEBHOOK_OUTCOMES = (
     "accepted",
@@ -186,6 +189,10 @@ class Metrics:
         for source in PULL_SOURCES:
             self.pull_events.labels(source)
 
-    def render(self) -> bytes:
-        """The registry in Prometheus text format."""
+    def render(self, *, openmetrics: bool = False) -> bytes:
+        """The registry in Prometheus text format, or in OpenMetrics (which carries the latency
+        histograms' exemplars: the trace of a slow delivery, tracing on)."""
+        if openmetrics:
+            body: bytes = openmetrics_latest(self.registry)  # type: ignore[no-untyped-call]
+            return body
         return generate_latest(self.registry)

@@ -13,7 +13,7 @@ from aiohttp import web
 from receiver.config import Settings
 from receiver.errors import StoreError, UnknownEvent
 from receiver.intake import error_response, page_window
-from receiver.metrics import CONTENT_TYPE, Metrics
+from receiver.metrics import CONTENT_TYPE, OPENMETRICS_TYPE, Metrics
 from receiver.ops_incident import IncidentAdmin
 from receiver.pull.admin import WatchAdmin
 from receiver.redelivery import redeliver_event, start
@@ -82,7 +82,11 @@ class Ops:
             return web.json_response({"status": "unavailable", "reasons": problems}, status=503)
         return web.json_response({"status": "ready"})
 
-    async def metrics(self, _request: web.Request) -> web.Response:
+    async def metrics(self, request: web.Request) -> web.Response:
+        # OpenMetrics when the scraper asks for it (Prometheus does): it carries exemplars.
+        if "application/openmetrics-text" in request.headers.get("Accept", ""):
+            body = self._metrics.render(openmetrics=True)
+            return web.Response(body=body, headers={"Content-Type": OPENMETRICS_TYPE})
         return web.Response(body=self._metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     def _admin(self, handler: Handler) -> Handler:

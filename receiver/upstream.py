@@ -14,8 +14,10 @@ this module)::
 
 Each request is counted in ``receiver_upstream_requests_total{endpoint,status}`` (the endpoint is
 the route template, the status the HTTP status or ``timeout`` / ``error``) and timed in
-``receiver_upstream_request_seconds{endpoint}``. The API key and signed URLs' query strings are
-never logged nor put in an exception message.
+``receiver_upstream_request_seconds{endpoint}``, and noted for the event's timeline
+(:mod:`receiver.timeline`), from which, with tracing on, it becomes a CLIENT span of the event's
+trace. The API
+key and signed URLs' query strings are never logged, put in an exception message or a span.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from receiver.errors import PermanentError, TransientError, UpstreamAuthError
 from receiver.logs import get_logger, redact_url
 from receiver.metrics import Metrics
 from receiver.retry import parse_retry_after
+from receiver.timeline import Call, note_call
 
 log = get_logger(__name__)
 
@@ -198,6 +201,7 @@ class UpstreamClient:
             raise TransientError(f"cannot fetch {what}: the HTTP session is closed")
         url = self._base_url + path
         total = total_seconds or self._timeout
+        started_at = time.time()
         started = time.perf_counter()
         status_label = "error"
         try:
@@ -224,7 +228,9 @@ class UpstreamClient:
                 f"{_describe_network_error(exc)}"
             ) from exc
         finally:
-            self._observe(endpoint, status_label, time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            self._observe(endpoint, status_label, seconds)
+            note_call(Call(method, endpoint, url, started_at, seconds, status_label))
 
         log.debug("upstream answered", endpoint=endpoint, method=method, status=status)
         if 200 <= status < 300:

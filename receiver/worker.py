@@ -22,10 +22,11 @@ import functools
 import math
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from receiver.attempts import Attempt, Notes
 from receiver.config import Settings
 from receiver.enrich import Enricher
 from receiver.errors import DeliveryError, StoreError, TransientError, UnknownEvent
@@ -39,6 +40,9 @@ from receiver.store.base import Store
 from receiver.store.lanes_model import DeliveryKey, LanePolicy, Leases, new_lease_owner
 from receiver.store.records import EventRecord, Outcome
 from receiver.supervisor import Supervisor
+
+if TYPE_CHECKING:
+    from receiver.tracing import Tracing
 
 log = get_logger("receiver.worker")
 
@@ -59,6 +63,7 @@ class Worker:
         metrics: Metrics,
         clock: Callable[[], float] = time.time,
         owner: str | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self._settings = settings
         self._store = store
@@ -73,6 +78,7 @@ class Worker:
         self._poll = worker.poll_interval_seconds
         self._enrich_policy = RetryPolicy.for_worker(worker)
         self._finish = Finish(metrics, clock)
+        self._notes = Notes(clock=clock, tracing=tracing)
         context = LaneContext(
             store=store,
             snapshots=Snapshots(
@@ -85,6 +91,7 @@ class Worker:
             lease_seconds=self._lease,
             poll_seconds=self._poll,
             clock=clock,
+            notes=self._notes,
         )
         self.lanes: dict[str, Lane] = {
             sink.name: Lane(
@@ -228,43 +235,47 @@ class Worker:
     async def _enrich(self, record: EventRecord) -> None:
         structlog.contextvars.bind_contextvars(event_id=record.id, job_id=record.job_id)
         try:
-            try:
-                snapshot = await self._enricher.fetch(record)
-            except asyncio.CancelledError:
-                with contextlib.suppress(StoreError):
-                    await asyncio.shield(
-                        self._store.release(Leases(events=(record.id,)), owner=self.owner)
-                    )
-                raise
-            except Exception as exc:
-                await self._enrich_failed(record, exc)
-                return
-            job_type = self._enricher.build(record, snapshot).job_type
-            finished = dict(self._finished(record, job_type))
-            try:
-                state = await self._store.save_snapshot(
-                    record.id,
-                    snapshot,
-                    finished=finished,
-                    ledger=ledger_entries(
-                        record.event, record.job_id, snapshot.job, snapshot.assets
-                    ),
-                    now=self._clock(),
-                )
-            except (StoreError, UnknownEvent) as exc:
-                log.error("could not store the fetched job", error=str(exc))
-                return
-            for sink, outcome in finished.items():
-                self._metrics.sink_deliveries.labels(
-                    sink, "skipped" if outcome.state == "skipped" else "dead"
-                ).inc()
-            self._finish(record, state)
-            for d in record.deliveries:
-                lane = self.lanes.get(d.sink)
-                if lane is not None and d.state == "pending":
-                    lane.wake()
+            with self._notes.fetch(record) as note:
+                await self._fetched(record, note)
         finally:
             structlog.contextvars.unbind_contextvars("event_id", "job_id")
+
+    async def _fetched(self, record: EventRecord, note: Attempt) -> None:
+        """Fetch the event's job and assets and store them (or the failure) with the event."""
+        try:
+            snapshot = await self._enricher.fetch(record)
+        except asyncio.CancelledError:
+            with contextlib.suppress(StoreError):
+                await asyncio.shield(
+                    self._store.release(Leases(events=(record.id,)), owner=self.owner)
+                )
+            raise
+        except Exception as exc:
+            await self._enrich_failed(record, exc, note)
+            return
+        job_type = self._enricher.build(record, snapshot).job_type
+        finished = dict(self._finished(record, job_type))
+        try:
+            state = await self._store.save_snapshot(
+                record.id,
+                snapshot,
+                finished=finished,
+                ledger=ledger_entries(record.event, record.job_id, snapshot.job, snapshot.assets),
+                now=self._clock(),
+                steps=note.steps("fetched"),
+            )
+        except (StoreError, UnknownEvent) as exc:
+            log.error("could not store the fetched job", error=str(exc))
+            return
+        for sink, outcome in finished.items():
+            self._metrics.sink_deliveries.labels(
+                sink, "skipped" if outcome.state == "skipped" else "dead"
+            ).inc()
+        self._finish(record, state)
+        for d in record.deliveries:
+            lane = self.lanes.get(d.sink)
+            if lane is not None and d.state == "pending":
+                lane.wake()
 
     def _finished(self, record: EventRecord, job_type: str | None) -> Iterable[tuple[str, Outcome]]:
         """Pending deliveries settled with the snapshot: sinks whose ``job_types`` filter the
@@ -278,7 +289,7 @@ class Worker:
             elif not sink.settings.wants_job_type(job_type):
                 yield d.sink, Outcome("skipped", attempted=False)
 
-    async def _enrich_failed(self, record: EventRecord, exc: Exception) -> None:
+    async def _enrich_failed(self, record: EventRecord, exc: Exception, note: Attempt) -> None:
         error: BaseException = exc
         if not isinstance(exc, DeliveryError):
             log.error("unexpected error while fetching the job", exc_info=exc)
@@ -289,7 +300,11 @@ class Worker:
         pending = [d.sink for d in record.deliveries if d.state == "pending"]
         try:
             state = await self._store.fail_enrichment(
-                record.id, error=decision.reason, retry_at=retry_at, now=self._clock()
+                record.id,
+                error=decision.reason,
+                retry_at=retry_at,
+                now=self._clock(),
+                steps=note.steps("dead" if decision.dead else "retry", error),
             )
         except (StoreError, UnknownEvent) as exc2:
             log.error("could not record a failed fetch", error=str(exc2))

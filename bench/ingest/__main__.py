@@ -13,7 +13,10 @@ Targets, alternately in every round (the order rotates between rounds):
   fdatasync of theirs takes ``--fsync-ms`` (2 ms) more (:mod:`bench.ingest.slow_fsync`, an
   ``LD_PRELOAD`` shim compiled with gcc for the run): what group commit is worth where a flush
   costs what it does on network block storage;
-- ``sqlite-x2``, ``postgres-x2`` (only when asked for): ``--processes 2``.
+- ``sqlite-x2``, ``postgres-x2`` (only when asked for): ``--processes 2``;
+- ``sqlite-traced``: ``sqlite`` with ``[tracing]`` on, ``sample_ratio = 1.0``, every span
+  exported over OTLP/HTTP to a collector stand-in (:mod:`bench.ingest.collector`): what tracing
+  costs intake (its ratio to ``sqlite``).
 
 The Postgres targets need PostgreSQL at ``$RECEIVER_BENCH_POSTGRES_URL`` (default
 ``postgresql://postgres@127.0.0.1:5432/test``) and are left out, with a note, when it does not
@@ -62,7 +65,9 @@ from tests.support.helpers import adjacent_free_ports
 
 RECEIVERS = ("sqlite", "postgres", "sqlite-fsync", "sqlite-x2", "postgres-x2")
 TARGETS = ("bare", "naive", NO_STORE, "sqlite", "postgres", "naive-fsync", "sqlite-fsync")
-EVERY_TARGET = (*TARGETS, "sqlite-x2", "postgres-x2")
+# The receiver on SQLite with tracing on (sample_ratio 1.0), exporting to a collector stand-in.
+TRACED = "sqlite-traced"
+EVERY_TARGET = (*TARGETS, "sqlite-x2", "postgres-x2", TRACED)
 # With --previous CHECKOUT: that checkout's receiver, on SQLite and (with no-store) storing nothing.
 PREVIOUS = ("previous", "previous-no-store")
 POSTGRES_URL = os.environ.get(
@@ -75,6 +80,7 @@ COMPARISONS = (
     ("previous-no-store", NO_STORE),
     ("sqlite-fsync", "naive-fsync"),
     ("sqlite-fsync", "sqlite"),
+    (TRACED, "sqlite"),
 )
 
 
@@ -94,7 +100,8 @@ def start_servers(
     slow_disk: dict[str, str] = {}
     if any(name.endswith("-fsync") for name in only):
         slow_disk = slow_fsync.build(work, args.fsync_ms)
-    for name in (NO_STORE, *RECEIVERS, *PREVIOUS):
+    tracing = _collector(work, env, servers) if TRACED in only else None
+    for name in (NO_STORE, *RECEIVERS, *PREVIOUS, TRACED):
         if name not in only:
             continue
         directory = work / name
@@ -112,6 +119,9 @@ def start_servers(
             store=store,
             processes=2 if name.endswith("-x2") else 1,
         )
+        if name == TRACED and tracing is not None:
+            with config.open("a") as toml:
+                toml.write(tracing)
         module = "bench.ingest.no_store" if name.endswith(NO_STORE) else "receiver"
         command = receiver_command(config, "intake", args.loop, module)
         server_env = {**env, **slow_disk} if name.endswith("-fsync") else env
@@ -144,6 +154,15 @@ def start_servers(
             server.stop()
         raise
     return servers
+
+
+def _collector(work: Path, env: dict[str, str], servers: dict[str, Server]) -> str:
+    """Start the OTLP collector stand-in; the ``[tracing]`` table that exports to it."""
+    port = free_port()
+    command = [sys.executable, "-m", "bench.ingest.collector", "--port", str(port)]
+    servers["otlp-collector"] = Server("otlp-collector", command, port=port, cwd=work, env=env)
+    endpoint = f"http://127.0.0.1:{port}"
+    return f'\n[tracing]\nenabled = true\nendpoint = "{endpoint}"\nsample_ratio = 1.0\n'
 
 
 async def _postgres(schema: str, query: str) -> Any:

@@ -21,8 +21,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from receiver.config import Settings
 from receiver.errors import DeliveryError, PermanentError, StoreError
@@ -33,6 +33,10 @@ from receiver.retry import RetryPolicy
 from receiver.store.base import Store
 from receiver.store.lanes_model import new_lease_owner
 from receiver.store.pull import WatchRecord, WatchState
+from receiver.timeline import Call, recording
+
+if TYPE_CHECKING:
+    from receiver.tracing import Tracing
 
 log = get_logger("receiver.pull.poller")
 
@@ -65,8 +69,10 @@ class Poller:
         on_event: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.time,
         owner: str | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self._settings = settings
+        self._tracing = tracing
         self._store = store
         self._upstream = upstream
         self._metrics = metrics
@@ -165,7 +171,8 @@ class Poller:
         job_id = watch.job_id
         started = self._clock()
         try:
-            job = await self._upstream.get_job(job_id, wait_seconds=self._wait)
+            with recording() as calls:  # the poll that finds the outcome starts its trace
+                job = await self._upstream.get_job(job_id, wait_seconds=self._wait)
         except asyncio.CancelledError:
             await self._settle(job_id, "watching")  # shutting down: another poller takes it
             raise
@@ -185,9 +192,11 @@ class Poller:
         if event is None:
             await self._settle(job_id, "watching", next_poll_at=started + MIN_POLL_INTERVAL_SECONDS)
             return
-        await self._finish(job_id, event, job)
+        await self._finish(job_id, event, job, calls)
 
-    async def _finish(self, job_id: str, event: str, job: dict[str, Any]) -> None:
+    async def _finish(
+        self, job_id: str, event: str, job: dict[str, Any], calls: Sequence[Call] = ()
+    ) -> None:
         job_type = job.get("type")
         new = outcome_event(
             self._settings,
@@ -198,7 +207,10 @@ class Poller:
             job_type=job_type if isinstance(job_type, str) else None,
         )
         try:
-            added = await self._store.add_event(new)
+            if self._tracing is None:
+                added = await self._store.add_event(new)
+            else:
+                added = await self._tracing.store_polled(self._store, new, calls)
         except StoreError as exc:
             # The lease runs out and the job is polled again; the event id is stable.
             log.error("event of a watched job not stored", job_id=job_id, error=exc.message)

@@ -36,7 +36,7 @@ from receiver.errors import TransientError
 from receiver.events import Enriched
 from receiver.logs import get_logger, redact_url
 from receiver.sinks.base import SinkContext
-from receiver.sinks.envelopes import Envelope
+from receiver.sinks.envelopes import Envelope, trace_headers
 from receiver.sinks.template import render, routing_fields
 
 log = get_logger(__name__)
@@ -140,6 +140,7 @@ class AmqpSink:
             "job_id": enriched.job_id,
             "job_type": enriched.job_type or "",
             **properties,
+            **trace_headers(enriched),
         }
         return aio_pika.Message(
             body,

@@ -38,8 +38,9 @@ class Sink(Protocol):
     async def open(self) -> None:
         """Connect; called once before the first ``send``."""
 
-    async def send(self, enriched: Enriched) -> None:
-        """Deliver one event."""
+    async def send(self, enriched: Enriched) -> int | None:
+        """Deliver one event; the destination's HTTP status where it answers with one (for the
+        event's timeline), else None."""
 
     async def close(self) -> None:
         """Disconnect; called once at shutdown."""

@@ -51,12 +51,15 @@ from receiver.sinks.atomic_files import (
     write_batch,
 )
 from receiver.sinks.base import SinkContext
+from receiver.timeline import noting
 
 log = get_logger(__name__)
 
 DEFAULT_DIRECTORY = "data/downloads"
 DEFAULT_MAX_FILE_BYTES = 1024 * 1024 * 1024
 CHUNK_BYTES = 64 * 1024
+#: How a file's fetch is named on the event's timeline and trace (its URL is signed).
+FILE_ENDPOINT = "{file_url}"
 WRITE_BATCH_BYTES = 1024 * 1024
 MAX_COMPONENT_BYTES = 100  # UTF-8 bytes; a file name joins two components, well under 255
 UNKNOWN_COLLECTION = "_unknown-collection"
@@ -279,22 +282,24 @@ class DownloadSink:
         stall = aiohttp.ClientTimeout(
             total=None, sock_connect=min(10.0, limit), sock_read=min(30.0, limit)
         )
-        try:
-            response = await self._client.get(ref.url, client_timeout=stall)
-        except DeliveryError as exc:
-            if isinstance(exc, PermanentError) and exc.message.startswith("refused"):
-                log.warning("download refused", reason=exc.message, url=redact_url(ref.url))
-            raise type(exc)(f"{what}: {exc.message}", retry_after=exc.retry_after) from exc
-        async with response:
-            self._check_status(response, what)
-            length = response.content_length
-            if length is not None and length > self.max_file_bytes:
-                raise PermanentError(
-                    f"{what}: {length} bytes exceeds max_file_bytes ({self.max_file_bytes})"
-                )
-            ext = extension_for(response.content_type, response.url, ref.url)
-            path = self.target(ref, ext)
-            size = await self._stream_to(path, response, what)
+        with noting("GET", FILE_ENDPOINT, ref.url) as call:  # for the event's timeline
+            try:
+                response = await self._client.get(ref.url, client_timeout=stall)
+            except DeliveryError as exc:
+                if isinstance(exc, PermanentError) and exc.message.startswith("refused"):
+                    log.warning("download refused", reason=exc.message, url=redact_url(ref.url))
+                raise type(exc)(f"{what}: {exc.message}", retry_after=exc.retry_after) from exc
+            async with response:
+                call.status = str(response.status)
+                self._check_status(response, what)
+                length = response.content_length
+                if length is not None and length > self.max_file_bytes:
+                    raise PermanentError(
+                        f"{what}: {length} bytes exceeds max_file_bytes ({self.max_file_bytes})"
+                    )
+                ext = extension_for(response.content_type, response.url, ref.url)
+                path = self.target(ref, ext)
+                size = await self._stream_to(path, response, what)
         self.bytes_written += size
         self.files_written += 1
         if self._bytes_metric is not None:

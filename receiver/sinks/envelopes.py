@@ -22,6 +22,10 @@ sinks whose binding offers both (http, amqp, nats):
   header. Header values are
   percent-encoded as the HTTP and NATS bindings prescribe.
 
+With tracing on, the delivery attempt's W3C ``traceparent`` also travels as the CloudEvents
+distributed-tracing extension attribute ``traceparent`` (beside each sink's own header, field or
+variable for it).
+
 The format is written here rather than with the CloudEvents SDK: it is a handful of lines, the
 structured form embeds the enriched event's cached bytes unchanged, and the receiver gains no
 runtime dependency. The SDK is the judge in the tests.
@@ -48,6 +52,8 @@ JSON_TYPE = "application/json"
 CLOUDEVENTS_JSON_TYPE = "application/cloudevents+json"
 AMQP_PREFIX = "cloudEvents_"
 HEADER_PREFIX = "ce-"
+#: The W3C trace context header (and the CloudEvents distributed-tracing extension attribute).
+TRACEPARENT = "traceparent"
 
 # Characters a header value keeps as they are: printable ASCII but space, '"' and '%'.
 _HEADER_SAFE = frozenset(chr(c) for c in range(0x21, 0x7F)) - {'"', "%"}
@@ -94,6 +100,8 @@ class Envelope:
         if enriched.job_id:
             attributes["subject"] = enriched.job_id
         attributes["time"] = iso_time(enriched.received_at)
+        if enriched.traceparent is not None:  # the distributed-tracing extension
+            attributes[TRACEPARENT] = enriched.traceparent
         attributes["datacontenttype"] = JSON_TYPE
         return attributes
 
@@ -138,6 +146,11 @@ class Envelope:
         message = self.message(enriched)
         properties = {AMQP_PREFIX + name: value for name, value in message.attributes.items()}
         return message.body, message.content_type, properties
+
+
+def trace_headers(enriched: Enriched) -> dict[str, str]:
+    """The W3C ``traceparent`` header of the delivery attempt (tracing on), else none."""
+    return {} if enriched.traceparent is None else {TRACEPARENT: enriched.traceparent}
 
 
 def _ce_headers(attributes: Mapping[str, str]) -> dict[str, str]:

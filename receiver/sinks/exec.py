@@ -48,6 +48,8 @@ def child_environment(
         RECEIVER_JOB_ID=enriched.job_id,
         RECEIVER_JOB_TYPE=enriched.job_type or "",
     )
+    if enriched.traceparent is not None:
+        env["TRACEPARENT"] = enriched.traceparent
     return env
 
 

@@ -27,7 +27,7 @@ from receiver.events import Enriched
 from receiver.logs import redact_url
 from receiver.signature import SERVICE_SCHEME, Signer
 from receiver.sinks.base import SinkContext
-from receiver.sinks.envelopes import Envelope
+from receiver.sinks.envelopes import Envelope, trace_headers
 from receiver.sinks.posting import post
 
 GONE = 410
@@ -61,7 +61,7 @@ class HttpSink:
     async def close(self) -> None:
         """Nothing to close."""
 
-    async def send(self, enriched: Enriched) -> None:
+    async def send(self, enriched: Enriched) -> int:
         """POST the event; raise a DeliveryError unless the answer is a 2xx."""
         body, content_headers = self._envelope.http(enriched)
         headers = {
@@ -73,8 +73,9 @@ class HttpSink:
                 event_name=enriched.event_name,
             ),
             **content_headers,
+            **trace_headers(enriched),
         }
-        await post(
+        return await post(
             self._session,
             self.url,
             body,

@@ -40,7 +40,7 @@ from receiver.events import Enriched
 from receiver.logs import get_logger, redact_url
 from receiver.sinks.base import SinkContext
 from receiver.sinks.checks import default_stream_subjects
-from receiver.sinks.envelopes import Envelope
+from receiver.sinks.envelopes import Envelope, trace_headers
 from receiver.sinks.template import render, routing_fields
 
 log = get_logger(__name__)
@@ -203,7 +203,11 @@ class NatsSink:
                     payload,
                     timeout=timeout,
                     stream=self.stream,
-                    headers={MSG_ID_HEADER: enriched.event_id, **headers},
+                    headers={
+                        MSG_ID_HEADER: enriched.event_id,
+                        **headers,
+                        **trace_headers(enriched),
+                    },
                 )
             )
         except nats.js.errors.NoStreamResponseError:

@@ -2,7 +2,8 @@
 
 An entry has three fields: ``event_id``, ``event`` (the event name) and ``data`` (the enriched
 event as JSON; with ``envelope = "cloudevents"``, the CloudEvent in the JSON event format, see
-:mod:`receiver.sinks.envelopes`). ``maxlen`` trims the stream approximately (``MAXLEN ~``),
+:mod:`receiver.sinks.envelopes`), and with tracing on a fourth, ``traceparent`` (the delivery
+attempt's W3C trace context). ``maxlen`` trims the stream approximately (``MAXLEN ~``),
 which Redis does cheaply, a whole node at a time.
 
 A redelivery must not add a second entry. One Lua script, atomic on the server, checks a marker
@@ -30,23 +31,25 @@ from receiver.errors import PermanentError, TransientError
 from receiver.events import Enriched
 from receiver.logs import get_logger, redact_url
 from receiver.sinks.base import SinkContext
-from receiver.sinks.envelopes import Envelope
+from receiver.sinks.envelopes import Envelope, trace_headers
 
 log = get_logger(__name__)
 
-# KEYS: stream, marker. ARGV: dedup ttl (0 = off), maxlen (0 = none), event_id, event, data.
-# Returns {1, entry id} when added, {0, entry id of the earlier add} for a redelivery.
+# KEYS: stream, marker. ARGV: dedup ttl (0 = off), maxlen (0 = none), event_id, event, data,
+# then more field, value pairs (traceparent). Returns {1, entry id} when added, {0, entry id of
+# the earlier add} for a redelivery.
 ADD_ONCE = """
 if tonumber(ARGV[1]) > 0 then
   local seen = redis.call('GET', KEYS[2])
   if seen then return {0, seen} end
 end
+local fields = {'event_id', ARGV[3], 'event', ARGV[4], 'data', ARGV[5]}
+for i = 6, #ARGV do fields[#fields + 1] = ARGV[i] end
 local id
 if tonumber(ARGV[2]) > 0 then
-  id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*',
-                  'event_id', ARGV[3], 'event', ARGV[4], 'data', ARGV[5])
+  id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', unpack(fields))
 else
-  id = redis.call('XADD', KEYS[1], '*', 'event_id', ARGV[3], 'event', ARGV[4], 'data', ARGV[5])
+  id = redis.call('XADD', KEYS[1], '*', unpack(fields))
 end
 if tonumber(ARGV[1]) > 0 then
   redis.call('SET', KEYS[2], id, 'EX', ARGV[1])
@@ -122,6 +125,7 @@ class RedisStreamSink:
                     enriched.event_id,
                     enriched.event_name,
                     self._envelope.structured(enriched),
+                    *(item for pair in trace_headers(enriched).items() for item in pair),
                 ],
             )
         except ResponseError as exc:

@@ -25,6 +25,7 @@ import aiohttp
 from receiver.config import SinkSettings
 from receiver.events import Enriched
 from receiver.sinks.base import SinkContext
+from receiver.sinks.envelopes import trace_headers
 from receiver.sinks.posting import origin, post
 from receiver.sinks.template import asset_urls, event_fields, render
 
@@ -152,15 +153,16 @@ class ChatSink:
     async def close(self) -> None:
         """Nothing to close."""
 
-    async def send(self, enriched: Enriched) -> None:
+    async def send(self, enriched: Enriched) -> int:
         """Post the message; raise a DeliveryError unless the hook took it."""
         body = build_message(self.format, enriched, self.template)
         data = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
-        await post(
+        headers = {"Content-Type": "application/json", **trace_headers(enriched)}
+        return await post(
             self._session,
             self._url,
             data,
-            {"Content-Type": "application/json"},
+            headers,
             shown_url=self._shown_url,
             is_permanent=lambda s: 400 <= s < 500 and s not in _RETRYABLE_4XX,
         )

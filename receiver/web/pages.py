@@ -23,6 +23,7 @@ from receiver.store.batches import RedeliveryFilter
 from receiver.store.browse import Cursor
 from receiver.store.records import EventRecord
 from receiver.watchdog import Watchdog
+from receiver.web import timeline
 from receiver.web.filters import DELIVERY_STATES, BadFilter, parse_events_request
 from receiver.web.incident import BY, PAUSE_CHOICES, IncidentPages
 from receiver.web.lanes import DeliveryRates, gauge_counts, lane_rows
@@ -166,6 +167,7 @@ class Pages:
             title=f"Event {record.id}",
             event=record,
             snapshot=job_snapshot(record),
+            timeline=timeline.build(record, await self._store.event_steps(record.id)),
             redelivered=request.query.get("redelivered"),
         )
 

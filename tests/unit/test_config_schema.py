@@ -170,6 +170,7 @@ def test_cross_key_rules_live_on_the_section() -> None:
         "admin",
         "log",
         "pull",
+        "tracing",
         "reconcile",
     ]
 
