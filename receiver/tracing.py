@@ -172,15 +172,21 @@ class Tracing:
         """The request's SERVER span, current inside; the child of a valid ``traceparent``
         header (a malformed one is ignored: a new trace)."""
         parent = _PROPAGATOR.extract(headers)
-        with self.tracer.start_as_current_span(
+        with self._current(name, parent, SpanKind.SERVER, attributes) as span:
+            yield span
+
+    def _current(
+        self, name: str, parent: Context | None, kind: SpanKind, attributes: Mapping[str, Any]
+    ) -> contextlib.AbstractContextManager[Span]:
+        """A new span, current inside; exceptions are the caller's to describe."""
+        return self.tracer.start_as_current_span(
             name,
             context=parent,
-            kind=SpanKind.SERVER,
+            kind=kind,
             attributes=dict(attributes),
             record_exception=False,
             set_status_on_exception=False,
-        ) as span:
-            yield span
+        )
 
     # -- after the store -------------------------------------------------------------------------
 
@@ -193,14 +199,7 @@ class Tracing:
         kind: SpanKind = SpanKind.INTERNAL,
     ) -> Iterator[Span]:
         """A span of the event's trace (the stored ``traceparent``), current inside."""
-        with self.tracer.start_as_current_span(
-            name,
-            context=context_of(traceparent),
-            kind=kind,
-            attributes=dict(attributes),
-            record_exception=False,
-            set_status_on_exception=False,
-        ) as span:
+        with self._current(name, context_of(traceparent), kind, attributes) as span:
             yield span
 
     @contextlib.contextmanager

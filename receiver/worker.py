@@ -30,11 +30,12 @@ from receiver.attempts import Attempt, Notes
 from receiver.config import Settings
 from receiver.enrich import Enricher
 from receiver.errors import DeliveryError, StoreError, TransientError, UnknownEvent
-from receiver.lanes import Finish, Lane, LaneContext, Snapshots, policy_for
+from receiver.lanes import Finish, Lane, LaneContext, policy_for
 from receiver.logs import get_logger
 from receiver.metrics import Metrics
 from receiver.retry import RetryPolicy
 from receiver.sinks.base import Sink
+from receiver.snapshots import Snapshots
 from receiver.store.asset_ledger import ledger_entries
 from receiver.store.base import Store
 from receiver.store.lanes_model import DeliveryKey, LanePolicy, Leases, new_lease_owner
