@@ -13,6 +13,7 @@ from prometheus_client import (
     enable_created_metrics,
     generate_latest,
 )
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 
 from receiver.loop_metrics import LoopCounter, LoopHistogram
 from receiver.metrics import _SKEW_BUCKETS, WEBHOOK_OUTCOMES, Metrics
@@ -20,9 +21,9 @@ from receiver.metrics import _SKEW_BUCKETS, WEBHOOK_OUTCOMES, Metrics
 SKEWS = (-400.0, -300.0, -299.9, -0.5, 0.0, 0.0, 0.2, 1.0, 4.9, 59.0, 299.0, 300.0, 301.0, 1e9)
 
 
-def scrape(registry: CollectorRegistry) -> str:
+def scrape(registry: CollectorRegistry, *, openmetrics: bool = False) -> str:
     """The exposition with every ``_created`` value blanked (each family's own clock)."""
-    text = generate_latest(registry).decode()
+    text = (openmetrics_latest if openmetrics else generate_latest)(registry).decode()
     return re.sub(r"(_created(?:\{[^}]*\})?) \S+", r"\1 T", text)
 
 
@@ -62,6 +63,8 @@ def test_the_scrape_is_the_one_prometheus_client_gave() -> None:
     expected = scrape(theirs)
     assert "receiver_signature_skew_seconds_count 14.0" in expected  # the families really ran
     assert scrape(ours) == expected
+    # and in OpenMetrics, which /metrics answers when the scraper asks for it
+    assert scrape(ours, openmetrics=True) == scrape(theirs, openmetrics=True)
 
 
 def test_created_series_follow_prometheus_clients_switch() -> None:
