@@ -186,7 +186,7 @@ test-postgres: $(VENV)/.installed-dev  ## the Postgres tests alone (PostgreSQL o
 # --- Benchmarks and the long fuzz run (bench/; never part of `make test`) ---------------------
 # Each benchmark measures its baselines in the same run and prints ratios; BENCH_ARGS passes
 # options through (e.g. `make bench-ingest BENCH_ARGS="--rounds 5 --loop asyncio"`).
-.PHONY: bench bench-ingest bench-scale bench-e2e bench-lanes bench-web bench-tools fuzz
+.PHONY: bench bench-ingest bench-scale bench-e2e bench-lanes bench-web bench-redeliver bench-tools fuzz
 .PHONY: bench-steps bench-profile bench-tracing
 .PHONY: fuzz-webhook
 BENCH_ARGS ?=
@@ -226,6 +226,9 @@ bench-lanes: $(VENV)/.installed-bench  ## fast sinks beside a paced and a hangin
 
 bench-web: $(VENV)/.installed-dev  ## inbox page timings with 1,000,000 events in SQLite
 	$(BIN)/python -m bench.web_pages $(BENCH_ARGS)
+
+bench-redeliver: $(VENV)/.installed-bench bench-tools  ## a redelivery batch over 1,000,000 dead deliveries, SQLite and Postgres: time to queue, intake meanwhile, the lane's rate
+	$(BIN)/python -m bench.redeliver $(BENCH_ARGS)
 
 bench: bench-ingest bench-scale bench-e2e bench-lanes bench-web  ## every benchmark
 

@@ -31,7 +31,7 @@ log = get_logger("receiver.redelivery")
 POLL_SECONDS = 1.0
 #: The share of the time queuing may keep the store's writer busy: after a step that took
 #: ``t`` seconds the next waits ``t * (1 / share - 1)``, so intake keeps the rest.
-QUEUE_SHARE = 0.25
+QUEUE_SHARE = 0.15
 
 
 def new_batch_id() -> str:

@@ -33,7 +33,7 @@ REDELIVERY_STATUSES = ("dead", "failed", "pending", "done", "any")
 BatchState = Literal["running", "done", "cancelled"]
 BATCH_STATES: tuple[BatchState, ...] = ("running", "done", "cancelled")
 #: Events one step looks at, at most: one short transaction, whatever the batch's size.
-STEP_EVENTS = 500
+STEP_EVENTS = 250
 
 
 class UnknownBatch(LookupError):

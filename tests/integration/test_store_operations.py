@@ -85,26 +85,37 @@ async def _deliveries(store: Store, event_id: str) -> Any:
     return record.deliveries
 
 
+def keys(text: str) -> list[tuple[str, str]]:
+    """``"ev-0:alpha ev-2:beta"`` as (event id, sink) pairs."""
+    return [(k.split(":")[0], k.split(":")[1]) for k in text.split()]
+
+
 @pytest.mark.parametrize(
     ("fields", "expected"),
     [
-        ({}, [("ev-0", "alpha"), ("ev-2", "alpha"), ("ev-4", "alpha")]),
-        ({"status": "done", "sinks": ["beta"]}, [("ev-0", "beta"), ("ev-1", "beta"), ("ev-4", "beta"), ("ev-5", "beta")]),
-        ({"status": "failed"}, [("ev-2", "beta")]),
-        ({"status": "pending"}, [("ev-2", "beta"), ("ev-3", "beta")]),
-        ({"status": "dead", "error": "HTTP 410"}, [("ev-4", "alpha")]),
-        ({"status": "any", "event": "job.failed", "sinks": ["alpha"]}, [("ev-0", "alpha"), ("ev-1", "alpha"), ("ev-2", "alpha")]),
-        ({"status": "any", "job_id": "job-a", "sinks": ["beta"]}, [("ev-0", "beta"), ("ev-1", "beta"), ("ev-2", "beta")]),
-        ({"status": "any", "since": T0 + 120, "until": T0 + 240}, [("ev-2", "alpha"), ("ev-2", "beta"), ("ev-3", "alpha"), ("ev-3", "beta")]),
-        ({"status": "any", "event_id": "ev-5"}, [("ev-5", "alpha"), ("ev-5", "beta")]),
-        ({"status": "dead", "since": T0 + 200}, [("ev-4", "alpha")]),
+        ({}, "ev-0:alpha ev-2:alpha ev-4:alpha"),
+        ({"status": "done", "sinks": ["beta"]}, "ev-0:beta ev-1:beta ev-4:beta ev-5:beta"),
+        ({"status": "failed"}, "ev-2:beta"),
+        ({"status": "pending"}, "ev-2:beta ev-3:beta"),
+        ({"status": "dead", "error": "HTTP 410"}, "ev-4:alpha"),
+        (
+            {"status": "any", "event": "job.failed", "sinks": ["alpha"]},
+            "ev-0:alpha ev-1:alpha ev-2:alpha",
+        ),
+        ({"status": "any", "job_id": "job-a", "sinks": ["beta"]}, "ev-0:beta ev-1:beta ev-2:beta"),
+        (
+            {"status": "any", "since": T0 + 120, "until": T0 + 240},
+            "ev-2:alpha ev-2:beta ev-3:alpha ev-3:beta",
+        ),
+        ({"status": "any", "event_id": "ev-5"}, "ev-5:alpha ev-5:beta"),
+        ({"status": "dead", "since": T0 + 200}, "ev-4:alpha"),
     ],
-)  # fmt: skip
+)
 async def test_a_batch_selects_by_each_filter(
-    store: Store, fields: dict[str, Any], expected: list[tuple[str, str]]
+    store: Store, fields: dict[str, Any], expected: str
 ) -> None:
     await fill(store)
-    assert await selected(store, **fields) == expected
+    assert await selected(store, **fields) == keys(expected)
 
 
 async def test_a_delivery_being_sent_or_skipped_is_never_selected(store: Store) -> None:

@@ -28,7 +28,9 @@ def archive_state(page, stack, event_id: str) -> str:
 
 
 def test_pause_a_lane_redeliver_its_dead_letters_in_a_batch_then_resume(page, stack):
-    payloads = [stack.send("failed", item_name=f"broken-{i}") for i in range(2)]  # 4 failures: below the circuit breaker
+    payloads = [
+        stack.send("failed", item_name=f"broken-{i}") for i in range(2)
+    ]  # 4 failures: below the circuit breaker
     for payload in payloads:
         wait_until(lambda p=payload: archive_state(page, stack, p["id"]) == "dead", "dead")
     stack.archive.status = 200  # the archive is mended; hold its lane while checking first

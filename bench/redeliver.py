@@ -1,0 +1,238 @@
+"""bench-redeliver: a redelivery batch over a million stored deliveries, on SQLite and Postgres.
+
+An inbox is filled in bulk with ``--count`` events whose delivery to the ``hook`` sink is dead
+(their job already fetched), and ``receiver serve`` runs on it with that sink paced at ``--rate``
+a second. Three rounds of wrk against its public listener, each ``--seconds`` long:
+
+- *idle*: nothing else happening;
+- *queuing*: right after ``POST /admin/redeliveries`` started the batch (its steps running);
+- *sending*: once everything was queued, the lane sending the batch at its pace.
+
+Printed: the time to queue the whole batch, intake's rate in each round and its ratio to idle
+(the goal: >= 0.9x while queuing), and the lane's rate as the sink saw it (the most requests in
+any one second, and the average) against its limit. Numbers, not assertions::
+
+    python -m bench.redeliver [--count 1000000] [--stores sqlite,postgres] [--rate 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+import urllib.request
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from bench.backlog import new_inbox
+from bench.common import (
+    Server,
+    Table,
+    bench_env,
+    free_port,
+    machine_note,
+    receiver_command,
+    receiver_config,
+    run_wrk,
+    scratch,
+    write_requests,
+)
+from bench.scale import postgres as pg
+from tests.support.peers import Capture
+
+POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
+SNAPSHOT = '{"job":{"id":"job","status":"completed","type":"logo"},"assets":[]}'
+
+SQLITE_FILL = """
+WITH RECURSIVE n (i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < :count),
+ids (i, id) AS (SELECT i, printf('%08x-%08d', (i * 2654435761) % 4294967296, i) FROM n)
+INSERT INTO events (id, event, job_id, body, headers, received_at, state, snapshot, fetched_at)
+SELECT id, 'job.completed', 'job-' || id,
+       CAST('{"id":"' || id || '","object":"event","event":"job.completed","job_id":"job-' || id
+            || '"}' AS BLOB),
+       '{}', :now - 3600 + i * 0.001, 'dead', :snapshot, :now
+FROM ids
+"""
+DEAD_DELIVERIES = """
+INSERT INTO deliveries (event_id, sink, state, attempts, next_attempt_at, last_error, updated_at)
+SELECT id, 'hook', 'dead', 12, NULL, 'HTTP 503', received_at FROM events
+"""
+# bench-scale's done events (bench/scale/postgres.py), made dead letters of the hook sink.
+POSTGRES_DEAD = (
+    "UPDATE events SET state = 'dead', snapshot = $1, fetched_at = extract(epoch FROM now()),"
+    ' body = convert_to(\'{"id":"\' || id || \'","object":"event","event":'
+    '"job.completed","job_id":"\' || job_id || \'"}\', \'UTF8\')',
+    "UPDATE deliveries SET sink = 'hook', state = 'dead', attempts = 12, last_error = 'HTTP 503'",
+    "VACUUM ANALYZE",
+)
+
+
+def sqlite_inbox(work: Path, count: int) -> dict[str, Any]:
+    path = work / "inbox.db"
+    started = time.monotonic()
+    with closing(new_inbox(path)) as conn:
+        params = {"count": count, "now": time.time(), "snapshot": SNAPSHOT}
+        conn.execute("BEGIN")
+        conn.execute(SQLITE_FILL, params)
+        conn.execute(DEAD_DELIVERIES)
+        conn.execute("COMMIT")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    print(f"  sqlite inbox: {count:,} dead deliveries in {time.monotonic() - started:.0f} s")
+    return {"url": f"sqlite:///{path}", "synchronous": "full"}
+
+
+def postgres_inbox(work: Path, count: int) -> dict[str, Any]:
+    started = time.monotonic()
+    schema = pg.build(POSTGRES_URL, count, work, progress=lambda line: print(line))
+    statements: list[tuple[str, tuple[object, ...]]] = [(POSTGRES_DEAD[0], (SNAPSHOT,))]
+    statements += [(s, ()) for s in POSTGRES_DEAD[1:]]
+    asyncio.run(pg._run(POSTGRES_URL, schema, statements))
+    print(
+        f"  postgres schema {schema}: {count:,} dead deliveries in "
+        f"{time.monotonic() - started:.0f} s"
+    )
+    return {"url": POSTGRES_URL, "schema": schema}
+
+
+def admin(port: int, path: str, body: dict[str, Any] | None = None) -> Any:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}",
+        data=data,
+        method="POST" if data is not None else "GET",
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return json.loads(response.read())
+
+
+async def serve_capture(capture: Capture) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(capture.app(), access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, f"http://127.0.0.1:{port}/hook"
+
+
+async def wrk_round(args: argparse.Namespace, work: Path, port: int, name: str) -> float:
+    host = f"127.0.0.1:{port}"
+    prefix = write_requests(work, name, args.requests, threads=args.threads, host=host)
+    result = await asyncio.to_thread(
+        run_wrk,
+        f"http://{host}/webhooks",
+        prefix,
+        threads=args.threads,
+        connections=args.connections,
+        seconds=args.seconds,
+    )
+    if result.failures:
+        print(f"    {name}: {result.failures} requests failed")
+    return result.rps
+
+
+async def run_store(args: argparse.Namespace, kind: str, table: Table) -> None:
+    with scratch(f"redeliver-{kind}-") as work:
+        store = (
+            sqlite_inbox(work, args.count) if kind == "sqlite" else postgres_inbox(work, args.count)
+        )
+        capture = Capture()
+        runner, url = await serve_capture(capture)
+        public, ops = free_port(), free_port()
+        sink = {"name": "hook", "type": "http", "url": url, "secret": "h" * 24}
+        config = receiver_config(
+            work,
+            port=public,
+            admin_port=ops,
+            store=store,
+            sinks=[{**sink, "rate_limit_per_second": args.rate}],
+            worker={"job_max_age_seconds": 1e9},
+        )
+        server = Server(
+            "receiver", receiver_command(config, "all"), port=ops, cwd=work, env=bench_env()
+        )
+        try:
+            server.start(timeout=120)
+            idle = await wrk_round(args, work, public, "idle")
+            started = time.monotonic()
+            sent_before = len(capture.times)
+            batch = admin(ops, "/admin/redeliveries", {"status": "dead", "sinks": ["hook"]})
+            made = time.monotonic() - started
+            queuing = await wrk_round(args, work, public, "queuing")
+            while (shown := admin(ops, f"/admin/redeliveries/{batch['id']}"))["queued_at"] is None:
+                if time.monotonic() - started > args.timeout:
+                    break
+                await asyncio.sleep(0.5)
+            queued_in = time.monotonic() - started if shown["queued_at"] else None
+            sending = await wrk_round(args, work, public, "sending")
+            times = capture.times[sent_before:]
+            window = (times[-1] - times[0]) if len(times) > 1 else 0.0
+            most = max(
+                (sum(1 for u in times if t <= u < t + 1.0) for t in times[-2000:]), default=0
+            )
+            table.add(
+                kind,
+                f"{shown['matched']:,}",
+                f"{made:.1f} s",
+                f"{queued_in:.0f} s" if queued_in else f"> {args.timeout:.0f} s",
+                f"{idle:,.0f}",
+                f"{queuing:,.0f} ({queuing / idle:.2f}x)",
+                f"{sending:,.0f} ({sending / idle:.2f}x)",
+                f"{most} / {args.rate:g}",
+                f"{(len(times) - 1) / window:.1f}" if window else "-",
+            )
+            admin(ops, f"/admin/redeliveries/{batch['id']}/cancel", {})
+        except Exception:
+            print(server.log())
+            raise
+        finally:
+            server.stop()
+            await runner.cleanup()
+            if kind == "postgres":
+                pg.drop(POSTGRES_URL, store["schema"])
+
+
+async def bench(args: argparse.Namespace) -> int:
+    table = Table(
+        [
+            "store",
+            "matched",
+            "batch stored",
+            "all queued",
+            "intake idle (req/s)",
+            "while queuing",
+            "while sending",
+            "lane: most in 1 s / limit",
+            "lane: mean/s",
+        ]
+    )
+    for kind in args.stores.split(","):
+        if kind == "postgres" and not pg.reachable(POSTGRES_URL):
+            print("  postgres: not reachable on 127.0.0.1:5432, skipped")
+            continue
+        print(f"{kind}: {args.count:,} dead deliveries, the hook lane at {args.rate:g}/s")
+        await run_store(args, kind, table)
+    print()
+    print(table.render())
+    print(f"({machine_note()}; wrk {args.seconds:g} s a round, {args.connections} connections)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench-redeliver", description=__doc__)
+    parser.add_argument("--count", type=int, default=1_000_000, help="dead deliveries stored")
+    parser.add_argument("--stores", default="sqlite,postgres", help="sqlite, postgres or both")
+    parser.add_argument("--rate", type=float, default=200.0, help="the hook lane's rate limit")
+    parser.add_argument("--seconds", type=float, default=15.0, help="each wrk round")
+    parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--requests", type=int, default=60_000, help="signed requests a round")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="the longest queuing wait")
+    return asyncio.run(bench(parser.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
