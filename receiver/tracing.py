@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import os
 import threading
 import time
@@ -101,9 +102,10 @@ def context_of(traceparent: str | None) -> Context | None:
 
 def current_traceparent() -> str | None:
     """The W3C traceparent of the current span (None when there is none)."""
-    carrier: dict[str, str] = {}
-    _PROPAGATOR.inject(carrier)
-    return carrier.get("traceparent")
+    context = trace.get_current_span().get_span_context()
+    if not context.is_valid:
+        return None
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
 
 
 def _nanos(seconds: float) -> int:
@@ -142,6 +144,9 @@ class Tracing:
         if processor is not None:
             self.provider.add_span_processor(processor)
         self.tracer = self.provider.get_tracer("receiver", __version__)
+        sdk_log = logging.getLogger(_SDK_QUEUE_LOGGER)
+        if _SPARSE not in sdk_log.filters:
+            sdk_log.addFilter(_SPARSE)
 
     def start_logging(self) -> None:
         """Log lines made inside a span carry its ``trace_id`` and ``span_id``."""
@@ -285,6 +290,29 @@ class Tracing:
             for call in calls:
                 self._client_span(call, parent)
             return await self.store_event(store, event)
+
+
+class _Sparse(logging.Filter):
+    """Lets one record through per ``seconds`` of each message: the SDK warns once for every
+    span it drops from a full queue, which a collector that is down would make a flood."""
+
+    def __init__(self, seconds: float = 60.0) -> None:
+        super().__init__()
+        self._seconds = seconds
+        self._last: dict[str, float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        now = time.monotonic()
+        if now - self._last.get(record.msg, -self._seconds) < self._seconds:
+            return False
+        if len(self._last) > 100:
+            self._last.clear()
+        self._last[str(record.msg)] = now
+        return True
+
+
+_SDK_QUEUE_LOGGER = "opentelemetry.sdk._shared_internal"
+_SPARSE = _Sparse()
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

@@ -42,21 +42,15 @@ class TracedIntake(Intake):
         self._route = self._settings.server.path
 
     async def handle(self, request: web.Request) -> web.Response:
-        attributes: dict[str, Any] = {
+        # The convention's required attributes and the client: every attribute costs each
+        # webhook (checked when set, encoded when exported).
+        attributes = {
             "http.request.method": request.method,
             "http.route": self._route,
             "url.path": request.path,
             "url.scheme": request.scheme,
             "client.address": self._client_address(request),
-            "network.protocol.version": f"{request.version.major}.{request.version.minor}",
         }
-        host = request.host.rsplit(":", 1)
-        attributes["server.address"] = host[0]
-        if len(host) == 2 and host[1].isdigit():
-            attributes["server.port"] = int(host[1])
-        agent = request.headers.get("User-Agent")
-        if agent:
-            attributes["user_agent.original"] = agent
         name = f"{request.method} {self._route}"
         with self._tracing.server_span(request.headers, attributes, name) as span:
             response = await super().handle(request)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 
 import pytest
@@ -130,12 +131,28 @@ async def test_a_failing_collector_delays_nothing_and_holds_bounded_spans(
 
     # Far more spans than the queue holds while the collector is of no use: the oldest go.
     assert runtime.tracing is not None
-    for n in range(MAX_QUEUED_SPANS * 2):
-        with runtime.tracing.continued("filler", None, {"n": n}):
-            pass
+    warned = _Records()
+    logging.getLogger("opentelemetry.sdk._shared_internal").addHandler(warned)
+    try:
+        for n in range(MAX_QUEUED_SPANS * 2):
+            with runtime.tracing.continued("filler", None, {"n": n}):
+                pass
+    finally:
+        logging.getLogger("opentelemetry.sdk._shared_internal").removeHandler(warned)
+    # The SDK warns for each span it drops: the log hears of it once, not a flood.
+    assert len([r for r in warned.records if "Queue full" in r.getMessage()]) <= 1
     processor = runtime.tracing.provider._active_span_processor._span_processors[0]
     queue = processor._batch_processor._queue  # the SDK's own bounded deque
     assert queue.maxlen == MAX_QUEUED_SPANS and len(queue) <= MAX_QUEUED_SPANS
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
 
 
 async def _has(collector: Collector, name: str) -> bool:
