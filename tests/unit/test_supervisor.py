@@ -133,5 +133,5 @@ async def test_readyz_names_a_background_task_that_is_down(aiohttp_client) -> No
                 return (await ops.get("/readyz")).status == 200
 
             await wait_for(ready_again, timeout=10, what="the gauges task to restart")
-            assert sorted(runtime.supervisor.names) == ["gauges", "leases", "prune"]
+            assert sorted(runtime.supervisor.names) == ["gauges", "leases", "prune", "redeliveries"]
     assert any(e.get("task") == "gauges" and e["log_level"] == "error" for e in logs)
