@@ -174,6 +174,7 @@ class Runtime:
             metrics=self.metrics,
             on_queued=self.wake_worker,
             poll=self.settings.worker.poll_interval_seconds,
+            intake_count=self.metrics.webhook_requests.labels("accepted").get,
             clock=self.clock,
         )
         self.supervisor.start("redeliveries", redeliverer.run)

@@ -29,9 +29,11 @@ log = get_logger("receiver.redelivery")
 
 #: How often a receiver looks for batches to queue or finish when none is queuing.
 POLL_SECONDS = 1.0
-#: The share of the time queuing may keep the store's writer busy: after a step that took
-#: ``t`` seconds the next waits ``t * (1 / share - 1)``, so intake keeps the rest.
+#: The share of the time queuing may keep the store's writer busy while this process takes
+#: webhooks: after a step that took ``t`` seconds the next waits ``t * (1 / share - 1)``, so
+#: intake keeps the rest. While no webhook arrived since the last step, ``IDLE_SHARE``.
 QUEUE_SHARE = 0.15
+IDLE_SHARE = 0.6
 
 
 def new_batch_id() -> str:
@@ -134,6 +136,8 @@ class Redeliverer:
         step: int = STEP_EVENTS,
         poll: float = POLL_SECONDS,
         share: float = QUEUE_SHARE,
+        idle_share: float = IDLE_SHARE,
+        intake_count: Callable[[], float] = lambda: 0.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._store = store
@@ -142,6 +146,9 @@ class Redeliverer:
         self._step = step
         self._poll = poll
         self._share = min(1.0, max(0.01, share))
+        self._idle_share = min(1.0, max(self._share, idle_share))
+        self._intake_count = intake_count
+        self._intake_seen = intake_count()
         self._clock = clock
 
     async def run(self) -> None:
@@ -166,7 +173,7 @@ class Redeliverer:
                 self._metrics.redelivery_queued.inc(count)
                 self._on_queued()
             took = time.monotonic() - started
-            await asyncio.sleep(took * (1 / self._share - 1))
+            await asyncio.sleep(took * (1 / self._current_share() - 1))
         for batch_id in await self._store.finish_redeliveries(now=self._clock()):
             batch = await self._store.redelivery(batch_id)
             if batch is not None:
@@ -180,3 +187,9 @@ class Redeliverer:
                     failed=p.failed,
                 )
         return bool(queuing)
+
+    def _current_share(self) -> float:
+        """``share`` while webhooks arrive (``intake_count``, this process's accepted webhooks,
+        moved since the last look), else ``idle_share``."""
+        seen, self._intake_seen = self._intake_seen, self._intake_count()
+        return self._share if self._intake_seen != seen else self._idle_share
