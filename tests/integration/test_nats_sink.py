@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import uuid
 
@@ -192,3 +193,13 @@ async def test_cloudevents_envelope_follows_the_nats_binding(js, opened, mode):
     else:
         assert message.data == event.to_bytes()
         assert message.headers["ce-type"] == "job.completed"
+
+
+async def test_a_message_carries_the_attempts_traceparent_header(js, opened):
+    stream, prefix = js.unique()
+    sink = await opened(subject=f"{prefix}.events", stream=stream, create_stream=True)
+    traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    await sink.send(dataclasses.replace(enriched_event(), traceparent=traceparent))
+    message = await js.get_msg(stream, seq=1)
+    assert message.headers["traceparent"] == traceparent
+    assert message.headers["Nats-Msg-Id"] == "evt_1"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 
@@ -153,3 +154,13 @@ async def test_cloudevents_envelope_puts_the_structured_event_in_data(redis, ope
     assert fields[b"event_id"] == b"evt_1" and fields[b"event"] == b"job.completed"
     cloudevent = from_http({"Content-Type": "application/cloudevents+json"}, fields[b"data"])
     assert_is_the_event(cloudevent, event, source="urn:rx")
+
+
+async def test_an_entry_carries_the_attempts_traceparent_as_a_field(redis, opened):
+    stream = redis.stream_name()
+    sink = await opened(stream=stream, maxlen=100)
+    traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    await sink.send(dataclasses.replace(enriched_event(), traceparent=traceparent))
+    [(_entry_id, fields)] = await redis.xrange(stream)
+    assert set(fields) == {b"event_id", b"event", b"data", b"traceparent"}
+    assert fields[b"traceparent"] == traceparent.encode()
