@@ -138,6 +138,19 @@ def test_prometheus_scrapes_the_ops_listener_with_the_alert_rules(resolved):
     assert set(prometheus["networks"]) & receiver_networks
 
 
+def test_jaeger_is_optional_and_the_receiver_exports_to_it(resolved):
+    services = resolved["services"]
+    jaeger = services["jaeger"]
+    assert jaeger["profiles"] == ["tracing"]
+    assert all(p.startswith("127.0.0.1:") for p in jaeger["ports"])
+    assert jaeger["environment"]["COLLECTOR_OTLP_ENABLED"] == "true"
+    environment = services["receiver"]["environment"]
+    assert environment["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger:4318"
+    assert "--enable-feature=exemplar-storage" in services["prometheus"]["command"]
+    assert "tracing" in receiver_config()  # turned on there, off by default
+    assert receiver_config()["tracing"]["enabled"] is False
+
+
 def test_grafana_is_provisioned_with_the_data_source_and_the_dashboard(resolved):
     yaml = require_module("yaml")
     grafana = resolved["services"]["grafana"]
@@ -146,7 +159,13 @@ def test_grafana_is_provisioned_with_the_data_source_and_the_dashboard(resolved)
     sources = yaml.safe_load(
         (mounts[f"{provisioning}/datasources"] / "prometheus.yml").read_text()
     )["datasources"]
-    assert [(s["type"], s["url"]) for s in sources] == [("prometheus", "http://prometheus:9090")]
+    assert [(s["type"], s["url"]) for s in sources] == [
+        ("prometheus", "http://prometheus:9090"),
+        ("jaeger", "http://jaeger:16686"),  # the optional tracing profile's traces
+    ]
+    # Exemplars' trace ids open their trace in the Jaeger data source.
+    (link,) = sources[0]["jsonData"]["exemplarTraceIdDestinations"]
+    assert (link["name"], link["datasourceUid"]) == ("trace_id", sources[1]["uid"])
     (provider,) = yaml.safe_load(
         (mounts[f"{provisioning}/dashboards"] / "receiver.yml").read_text()
     )["providers"]

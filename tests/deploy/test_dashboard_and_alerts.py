@@ -116,3 +116,10 @@ def test_the_alerts_cover_the_failure_modes():
     for name, rule in rules.items():
         assert rule["labels"]["severity"] in ("warning", "critical"), name
         assert rule["annotations"]["summary"] and rule["annotations"]["description"], name
+
+
+def test_the_latency_panels_show_exemplars_that_link_to_traces():
+    for title in ("Sink delivery time (p95)", "Event lag (receipt to last delivery)"):
+        (panel,) = [p for p in panels() if p["title"] == title]
+        assert all(target.get("exemplar") is True for target in panel["targets"]), title
+        assert "exemplar" in panel["description"]
