@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from receiver.events import iso_time
 from receiver.store.records import EventRecord
 from receiver.store.steps import Step
+from receiver.web.render import format_duration
 
 WIDTH = 1000
 LABELS = 170  # the left column with each row's name
@@ -69,15 +70,12 @@ class Timeline:
 
 
 def duration(seconds: float) -> str:
-    """``12 ms``, ``1.25 s``, ``3 min 5 s``."""
+    """``12 ms``, ``1.25 s``, then as the rest of the page says it (``3 min 05 s``)."""
     if seconds < 1:
         return f"{seconds * 1000:.0f} ms"
     if seconds < 60:
         return f"{seconds:.2f} s"
-    minutes, rest = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes} min {rest} s"
-    return f"{minutes // 60} h {minutes % 60} min"
+    return format_duration(seconds)
 
 
 def _css(step: Step) -> str:
