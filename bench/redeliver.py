@@ -136,9 +136,9 @@ async def wrk_round(args: argparse.Namespace, work: Path, port: int, name: str) 
 
 async def run_store(args: argparse.Namespace, kind: str, table: Table) -> None:
     with scratch(f"redeliver-{kind}-") as work:
-        store = (
-            sqlite_inbox(work, args.count) if kind == "sqlite" else postgres_inbox(work, args.count)
-        )
+        # (in a thread: building a Postgres schema runs its own event loop)
+        builder = sqlite_inbox if kind == "sqlite" else postgres_inbox
+        store = await asyncio.to_thread(builder, work, args.count)
         capture = Capture()
         runner, url = await serve_capture(capture)
         public, ops = free_port(), free_port()
@@ -192,7 +192,8 @@ async def run_store(args: argparse.Namespace, kind: str, table: Table) -> None:
             server.stop()
             await runner.cleanup()
             if kind == "postgres":
-                pg.drop(POSTGRES_URL, store["schema"])
+                await asyncio.to_thread(pg.drop, POSTGRES_URL, store["schema"])
+            print(table.render())
 
 
 async def bench(args: argparse.Namespace) -> int:
