@@ -215,7 +215,7 @@ bench-profile: $(VENV)/.installed-bench bench-tools  ## py-spy on the receiver s
 	$(BIN)/pip install --quiet py-spy
 	$(BIN)/python -m bench.ingest.profile $(BENCH_ARGS)
 
-bench-scale: $(VENV)/.installed-bench bench-tools  ## 1M events stored vs empty; drain 100k
+bench-scale: $(VENV)/.installed-bench bench-tools  ## intake with 1M events stored vs empty (SQLite, Postgres); drain 100k
 	$(BIN)/python -m bench.scale $(BENCH_ARGS)
 
 bench-e2e: $(VENV)/.installed-bench  ## events/s against a 100 ms upstream vs the concurrency bound
