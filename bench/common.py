@@ -352,41 +352,6 @@ def receiver_command(
     )
 
 
-def rss_mb(pid: int) -> float:
-    """Resident set size of a process now, in MiB (Linux)."""
-    with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def cpu_seconds(pid: int) -> float:
-    """CPU time (user + system, every thread) of a process and of its child processes so far.
-
-    Per request, this is what a server's work costs, whatever else shares the machine: unlike
-    its rate, it does not count the time the server waited for a core.
-    """
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            # After the command's name (in parentheses, which may hold spaces): state, ppid...
-            fields = stat.read_text().rpartition(")")[2].split()
-            if int(stat.parent.name) == pid or int(fields[1]) == pid:
-                total += (int(fields[11]) + int(fields[12])) / ticks
-    return total
-
-
-def peak_rss_mb(pid: int) -> float:
-    """The kernel's high-water mark of the process's resident set (VmHWM), in MiB."""
-    with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def port_open(port: int) -> bool:
     with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
         return True

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -43,12 +42,12 @@ from bench.common import (
     free_port,
     machine_note,
     median,
-    peak_rss_mb,
     python_module,
     receiver_command,
     receiver_config,
     scratch,
 )
+from bench.proc import cpu_seconds, peak_rss_mb
 from tests.support.peers import Capture
 
 TARGET_RATIO = 1.25
@@ -160,12 +159,6 @@ def lane_gauges(metrics_text: str) -> dict[str, dict[str, float]]:
                 short = sample.name.removeprefix("receiver_sink_")
                 lanes.setdefault(sample.labels["sink"], {})[short] = sample.value
     return lanes
-
-
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time the process has used so far (Linux)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def get_json(session: aiohttp.ClientSession, url: str) -> Any:

@@ -46,7 +46,6 @@ from bench.common import (
     Server,
     WrkResult,
     bench_env,
-    cpu_seconds,
     event_loop_name,
     free_port,
     machine_note,
@@ -61,6 +60,7 @@ from bench.common import (
 )
 from bench.ingest import slow_fsync
 from bench.ingest.report import NO_STORE, check, report
+from bench.proc import cpu_seconds
 from tests.support.helpers import adjacent_free_ports
 
 RECEIVERS = ("sqlite", "postgres", "sqlite-fsync", "sqlite-x2", "postgres-x2")

@@ -36,16 +36,15 @@ from bench.common import (
     machine_note,
     median,
     need_wrk,
-    peak_rss_mb,
     python_module,
     read_toml,
     receiver_command,
     receiver_config,
-    rss_mb,
     scratch,
 )
 from bench.ingest.__main__ import POSTGRES_URL, Runner
 from bench.ingest.report import spread
+from bench.proc import peak_rss_mb, rss_mb
 from bench.scale import postgres
 
 TARGET_RATIO = 0.9
