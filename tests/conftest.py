@@ -19,3 +19,15 @@ async def fail_on_unhandled_task_errors():
     gc.collect()
     loop.set_exception_handler(previous)
     assert not errors, f"unhandled errors in the event loop: {errors}"
+
+
+@pytest.fixture(autouse=True)
+def restore_structlog_config():
+    """A command run in-process may set the logs' level or chain for its process (``quiet_logs``,
+    ``configure_logging``): every test starts from, and leaves, the configuration it found, so
+    a later ``capture_logs()`` sees every line."""
+    import structlog
+
+    saved = dict(structlog.get_config())
+    yield
+    structlog.configure(**saved)
