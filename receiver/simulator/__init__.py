@@ -18,7 +18,9 @@ The modules:
 
 - :mod:`~receiver.simulator.model`: job kinds, jobs, assets and subscriptions as plain data;
 - :mod:`~receiver.simulator.media`: the placeholder PNG, MP4/MOV and WebM files;
-- :mod:`~receiver.simulator.state`: the state and what the API shows of it now;
+- :mod:`~receiver.simulator.state`: the state: jobs, assets, subscriptions, how they are made;
+- :mod:`~receiver.simulator.views`: what the API shows of that state now;
+- :mod:`~receiver.simulator.shape`: which optional fields each object shows (``--shape``);
 - :mod:`~receiver.simulator.api`: :class:`Simulator`, that state served over HTTP;
 - :mod:`~receiver.simulator.delivery` and :mod:`~receiver.simulator.sender`: signed webhook
   deliveries with the upstream's retries;
