@@ -85,6 +85,7 @@ class PostgresStore(SqlLanes, SqlBrowse, SqlPull, SqlSteps, PostgresIntake, Post
     # The statements the flows written once (receiver.store.sql) run here.
     _lane_sql = PostgresLanes
     _browse_sql = PostgresBrowse
+    _batch_sql = PostgresBrowse.BATCHES
     _pull_sql = PostgresPull
 
     def __init__(self, settings: StoreSettings) -> None:

@@ -209,10 +209,8 @@ async def _batch(c: Conn, row: Sequence[Any] | None) -> RedeliveryBatch | None:
 class SqlBatches(SqlMixin):
     """Redelivery batches and lane pauses of the SQL stores."""
 
-    @property
-    def _batch_sql(self) -> type[BatchSql]:
-        """The dialect's statements (the store's browse statements name them)."""
-        raise NotImplementedError
+    #: The dialect's statements, set by each store class.
+    _batch_sql: type[BatchSql]
 
     async def preview_redelivery(
         self, flt: RedeliveryFilter, *, now: float, sample: int = 5

@@ -155,10 +155,6 @@ class SqlBrowse(SqlBatches):
 
     _browse_sql: type[BrowseSql]
 
-    @property
-    def _batch_sql(self) -> type[BatchSql]:
-        return self._browse_sql.BATCHES
-
     async def get(self, event_id: str) -> EventRecord | None:
         sql = self._browse_sql.RECORDS
 

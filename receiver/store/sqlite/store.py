@@ -120,6 +120,7 @@ class SqliteStore(SqlLanes, SqlBrowse, SqlPull, SqlSteps, SqliteCheckpoints, Sql
     # The statements the flows written once (receiver.store.sql) run here.
     _lane_sql = SqliteLanes
     _browse_sql = SqliteBrowse
+    _batch_sql = SqliteBrowse.BATCHES
     _pull_sql = SqlitePull
 
     def __init__(
