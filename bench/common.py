@@ -381,7 +381,7 @@ class Table:
 
     def render(self) -> str:
         widths = [
-            max(len(self.headers[i]), *(len(r[i]) for r in self.rows))
+            max([len(self.headers[i]), *(len(r[i]) for r in self.rows)])
             for i in range(len(self.headers))
         ]
         lines = ["  ".join(h.ljust(w) for h, w in zip(self.headers, widths, strict=True))]
