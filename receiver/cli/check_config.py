@@ -6,14 +6,8 @@ import argparse
 from typing import Any
 
 from receiver.cli.common import settings_from, with_config
-from receiver.config import (
-    Settings,
-    SinkSettings,
-    StoreSettings,
-    changed_from_defaults,
-    masked,
-    masked_url,
-)
+from receiver.config import Settings, SinkSettings, StoreSettings
+from receiver.config_shown import changed_from_defaults, masked, masked_url
 from receiver.errors import ConfigError
 
 
@@ -76,7 +70,7 @@ def describe(settings: Settings) -> str:
         events = ", ".join(sink.events) or "all events"
         job_types = f"; job types {', '.join(sink.job_types)}" if sink.job_types else ""
         lines.append(f"    - {sink.name} ({sink.type}): {events}{job_types}")
-        lines.append(f"      lane: {lane_summary(s, sink)}")
+        lines.append(f"      lane: {lane_summary(s, sink)}; sends {format_summary(sink)}")
     changed = changed_from_defaults(s)
     lines.append(f"  not defaults     {len(changed)}")
     lines.extend(f"    {line}" for line in changed)
@@ -88,6 +82,18 @@ def lane_summary(settings: Settings, sink: SinkSettings) -> str:
     rate = sink.rate_limit_per_second
     pace = f"rate {rate:g}/s" if rate > 0 else "rate unlimited"
     return f"concurrency {settings.sink_concurrency(sink)}, {pace}"
+
+
+def format_summary(sink: SinkSettings) -> str:
+    """What a sink sends: its envelope and, for a signed HTTP forward, the signature scheme."""
+    from receiver.signature import SERVICE_SCHEME
+    from receiver.sinks.envelopes import Envelope
+
+    envelope = Envelope(sink.options)
+    shown = f"{envelope.kind} ({envelope.mode} mode)" if envelope.cloudevents else envelope.kind
+    if sink.type == "http":
+        shown += f", signed {sink.options.get('signing') or SERVICE_SCHEME}"
+    return shown
 
 
 def _store_summary(store: StoreSettings) -> str:

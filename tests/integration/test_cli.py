@@ -23,8 +23,29 @@ async def test_check_config_example_masks_secrets():
     )
     assert code == 0, err
     assert "OK" in out and "files (download)" in out
-    assert "lane: concurrency 8, rate unlimited" in out
+    assert "lane: concurrency 8, rate unlimited; sends receiver" in out
     assert key not in out and "whsec_local_development_secret" not in out
+
+
+async def test_check_config_shows_each_sinks_envelope_and_signing(tmp_path):
+    path = tmp_path / "formats.toml"
+    secret = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+    path.write_text(
+        '[webhook]\nsecrets = ["whsec_x"]\n'
+        '[[sinks]]\nname = "plain"\ntype = "http"\nurl = "http://127.0.0.1:9/a"\n'
+        'secret = "0123456789abcdef0123"\n'
+        '[[sinks]]\nname = "svix"\ntype = "http"\nurl = "http://127.0.0.1:9/b"\n'
+        f'secret = "{secret}"\nsigning = "standard-webhooks"\n'
+        'envelope = "cloudevents"\ncloudevents_mode = "binary"\n'
+        '[[sinks]]\nname = "stream"\ntype = "redis"\nurl = "redis://127.0.0.1:6379/0"\n'
+        'stream = "s"\nenvelope = "cloudevents"\n'
+    )
+    code, out, err = await run_cli("check-config", "--config", str(path))
+    assert code == 0, err
+    assert "rate unlimited; sends receiver, signed service\n" in out
+    assert "sends cloudevents (binary mode), signed standard-webhooks\n" in out
+    assert "sends cloudevents (structured mode)\n" in out
+    assert secret not in out
 
 
 async def test_check_config_lists_every_problem_naming_keys(tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from receiver.config import Settings, WorkerSettings, changed_from_defaults, schema
+from receiver.config import Settings, WorkerSettings, schema
 from receiver.config_load import parse_settings
 from receiver.config_schema import (
     Section,
@@ -20,6 +20,7 @@ from receiver.config_schema import (
     required,
     sections,
 )
+from receiver.config_shown import changed_from_defaults
 from receiver.errors import ConfigError
 from receiver.sinks.registry import COMMON_KEYS, SINK_TYPES
 
