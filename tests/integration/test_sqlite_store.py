@@ -74,6 +74,36 @@ async def test_synchronous_normal_option(tmp_path: Path) -> None:
         assert (await store.pragmas())["synchronous"] == "normal"
 
 
+async def synchronous_of(conn: object) -> int:
+    ((level,),) = await conn.execute_fetchall("PRAGMA synchronous")  # type: ignore[attr-defined]
+    return int(level)
+
+
+async def test_worker_progress_commits_without_waiting_for_the_disk(tmp_path: Path) -> None:
+    """Intake and what an operator asks for commit with synchronous FULL; the workers' record of
+    their progress (claims, settles, ...) with NORMAL, on a connection of its own."""
+    async with opened(tmp_path / "inbox.db") as store:
+        assert await store.add_event(new_event("ev-1"))
+        await store.claim_watches(owner="w", limit=1, lease_seconds=10, now=T0)
+        assert store._progress is not None and store._work is not None
+        assert await synchronous_of(store._progress) == 1  # NORMAL
+        assert await synchronous_of(store._work) == 2  # FULL
+        assert await synchronous_of(store._intake) == 2
+        progress = store._progress
+        store._progress = None  # a durable write must not use it
+        await store.pause_lane("alpha", until=None, reason="maintenance", now=T0)
+        assert store._progress is None
+        store._progress = progress
+        assert (await store.lane_states())["alpha"].hold_reason == "maintenance"
+
+
+async def test_synchronous_normal_needs_no_progress_connection(tmp_path: Path) -> None:
+    async with opened(tmp_path / "inbox.db", synchronous="normal") as store:
+        await store.claim_watches(owner="w", limit=1, lease_seconds=10, now=T0)
+        assert store._progress is None and store._work is not None
+        assert await synchronous_of(store._work) == 1
+
+
 async def test_concurrent_adds_share_commits(tmp_path: Path) -> None:
     async with opened(tmp_path / "inbox.db") as store:
         before = store.commit_count

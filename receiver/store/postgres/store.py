@@ -241,8 +241,9 @@ class PostgresStore(SqlLanes, SqlBrowse, SqlPull, SqlSteps, PostgresIntake, Post
         return await self._run(lambda conn: fn(PostgresConn(conn, self._schema)), snapshot=snapshot)
 
     async def _run_write(
-        self, fn: Callable[[Conn], Awaitable[T]], *, transaction: bool = True
+        self, fn: Callable[[Conn], Awaitable[T]], *, transaction: bool = True, durable: bool = True
     ) -> T:
+        """A flow's write; every commit here is durable (``durable`` is for SQLite's sake)."""
         return await self._run(
             lambda conn: fn(PostgresConn(conn, self._schema)), transaction=transaction
         )

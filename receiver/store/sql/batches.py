@@ -284,7 +284,7 @@ class SqlBatches(SqlMixin):
             )
             return count
 
-        return await self._run_write(run)
+        return await self._run_write(run, durable=False)
 
     async def finish_redeliveries(self, *, now: float) -> list[str]:
         async def look(c: Conn) -> list[str]:
@@ -306,7 +306,7 @@ class SqlBatches(SqlMixin):
                     done.append(batch_id)
             return done
 
-        return await self._run_write(run) if candidates else []
+        return await self._run_write(run, durable=False) if candidates else []
 
     async def queuing_redeliveries(self) -> list[str]:
         async def run(c: Conn) -> list[str]:

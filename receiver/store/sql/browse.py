@@ -189,7 +189,7 @@ class SqlBrowse(SqlBatches):
         # One short transaction per batch: intake keeps committing in between, and row locks
         # (where writers take them) are held for one batch only.
         while True:
-            deleted = await self._run_write(run, transaction=False)
+            deleted = await self._run_write(run, transaction=False, durable=False)
             total += deleted
             if deleted < params["limit"]:
                 return total

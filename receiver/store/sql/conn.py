@@ -40,7 +40,9 @@ class SqlMixin:
 
     ``_run_read`` runs ``fn`` in a read (``snapshot``: several statements seeing one moment);
     ``_run_write`` in a write transaction (``transaction=False``: statements that stand alone, which
-    a backend with several writers may run without holding one).
+    a backend with several writers may run without holding one; ``durable=False``: the workers'
+    record of their own progress, which a backend may commit without waiting for the disk, since
+    losing it to a power cut only means doing that work again).
     """
 
     if TYPE_CHECKING:
@@ -50,5 +52,9 @@ class SqlMixin:
         ) -> T: ...
 
         async def _run_write(
-            self, fn: Callable[[Conn], Awaitable[T]], *, transaction: bool = True
+            self,
+            fn: Callable[[Conn], Awaitable[T]],
+            *,
+            transaction: bool = True,
+            durable: bool = True,
         ) -> T: ...

@@ -208,7 +208,7 @@ class SqlLanes(SqlMixin):
             found = await records(c, sql.RECORDS, list(order))
             return sorted(found, key=lambda record: order[record.id])
 
-        return await self._run_write(run)
+        return await self._run_write(run, durable=False)
 
     async def save_snapshot(
         self,
@@ -245,7 +245,7 @@ class SqlLanes(SqlMixin):
             await c.notify()  # deliveries became claimable: other processes' lanes may look now
             return (await recompute(c, sql.RECORDS, [event_id]))[event_id]
 
-        return await self._run_write(run)
+        return await self._run_write(run, durable=False)
 
     async def fail_enrichment(
         self,
@@ -268,7 +268,7 @@ class SqlLanes(SqlMixin):
             await write_steps(c, event_id, steps)
             return (await recompute(c, sql.RECORDS, [event_id]))[event_id]
 
-        return await self._run_write(run)
+        return await self._run_write(run, durable=False)
 
     # -- lanes ----------------------------------------------------------------------------------
 
@@ -299,7 +299,7 @@ class SqlLanes(SqlMixin):
             found = sorted(await records(c, sql.RECORDS, list(order)), key=lambda e: order[e.id])
             return LaneClaim(tuple(leased(e, policy.sink) for e in found), retry_at, held)
 
-        return await self._run_write(run)
+        return await self._run_write(run, durable=False)
 
     async def lane_stats(self, *, now: float) -> dict[str, LaneStats]:
         sql = self._lane_sql
@@ -328,7 +328,7 @@ class SqlLanes(SqlMixin):
             if leases.deliveries:
                 await c.run(sql.EXTEND_DELIVERY_LEASES, {**held, **_pairs(leases)})
 
-        await self._run_write(run, transaction=False)
+        await self._run_write(run, transaction=False, durable=False)
 
     async def release(self, leases: Leases, *, owner: str) -> None:
         if not leases:
@@ -341,7 +341,7 @@ class SqlLanes(SqlMixin):
             if leases.deliveries:
                 await c.run(sql.RELEASE_DELIVERIES, {"owner": owner, **_pairs(leases)})
 
-        await self._run_write(run, transaction=False)
+        await self._run_write(run, transaction=False, durable=False)
 
     # -- settling -------------------------------------------------------------------------------
 
@@ -372,4 +372,4 @@ class SqlLanes(SqlMixin):
                 await lane_result(c, sql, sink, lane, now)
             return state
 
-        return await self._run_write(run)
+        return await self._run_write(run, durable=False)

@@ -118,7 +118,7 @@ class SqlPull(SqlMixin):
         async def run(c: Conn) -> list[WatchRecord]:
             return watch_records(await c.rows(sql.CLAIM_WATCHES, params))
 
-        return await self._run_write(run)
+        return await self._run_write(run, durable=False)
 
     async def settle_watch(
         self,
@@ -143,7 +143,7 @@ class SqlPull(SqlMixin):
         async def run(c: Conn) -> None:
             await c.run(sql.SETTLE_WATCH, params)
 
-        await self._run_write(run, transaction=False)
+        await self._run_write(run, transaction=False, durable=False)
 
     async def expire_watches(self, *, now: float) -> int:
         sql = self._pull_sql
@@ -151,7 +151,7 @@ class SqlPull(SqlMixin):
         async def run(c: Conn) -> int:
             return await c.run(sql.EXPIRE_WATCHES, {"now": now})
 
-        return await self._run_write(run, transaction=False)
+        return await self._run_write(run, transaction=False, durable=False)
 
     async def list_watches(
         self, *, state: str | None = None, limit: int = 100, offset: int = 0

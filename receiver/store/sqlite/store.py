@@ -43,7 +43,7 @@ from receiver.store.sql.pull import SqlPull
 from receiver.store.sql.steps import SqlSteps
 from receiver.store.sqlite.browse import SqliteBrowse
 from receiver.store.sqlite.checkpoints import CHECKPOINT_EVERY_ITEMS, SqliteCheckpoints
-from receiver.store.sqlite.conn import SqliteConn
+from receiver.store.sqlite.conn import run_flow
 from receiver.store.sqlite.faults import (
     _DB_ERRORS,
     _ITEM_ERRORS,
@@ -94,12 +94,20 @@ def sqlite_path(url: str) -> Path:
 
 
 class SqliteStore(SqlLanes, SqlBrowse, SqlPull, SqlSteps, SqliteCheckpoints, SqliteMigrations):
-    """The inbox in one SQLite file (WAL), on three aiosqlite connections.
+    """The inbox in one SQLite file (WAL), on four aiosqlite connections.
 
     - *intake*: :meth:`add_event` calls are gathered by a
       :class:`~receiver.store.batching.GroupCommit` and written as one transaction, with one
       multi-row INSERT per table and one commit (one fsync) for the whole group.
-    - *work*: claims, settles, leases, redeliveries and prunes, each its own short transaction.
+    - *work*: what an operator or a user asks for (redelivery batches, lane pauses, watches),
+      each its own short transaction, as durable as intake's.
+    - *progress*: what the workers record as they go (claims, leases, settles, batch steps,
+      prunes), each its own short transaction that, with ``synchronous = "full"``, commits
+      without waiting for the disk (``synchronous = NORMAL``): its writes reach the disk with
+      the next intake commit or checkpoint. A power loss may undo the last of them (never a
+      process crash): the work is then done again, and a delivery may be sent again, as after
+      a crash between sending and settling. Without this every settle would wait for an fsync
+      while holding the one write lock that intake's next group waits for.
     - *read*: query-only snapshots for get, list and counts (WAL readers never wait for writers).
 
     Write transactions take turns (:class:`~.writer_turns.WriterTurns`, with the other
@@ -139,6 +147,7 @@ class SqliteStore(SqlLanes, SqlBrowse, SqlPull, SqlSteps, SqliteCheckpoints, Sql
         self._sync = PRAGMA_SYNC_NORMAL if settings.synchronous == "normal" else PRAGMA_SYNC_FULL
         self._intake: aiosqlite.Connection | None = None
         self._work: aiosqlite.Connection | None = None
+        self._progress: aiosqlite.Connection | None = None
         self._read: aiosqlite.Connection | None = None
         # Loop-bound objects are made in open(): a store may be reopened on another event loop.
         self._adds: GroupCommit[_Add, bool] | None = None
@@ -194,7 +203,7 @@ class SqliteStore(SqlLanes, SqlBrowse, SqlPull, SqlSteps, SqliteCheckpoints, Sql
         await self._close_connections()
 
     async def _close_connections(self) -> None:
-        for name in ("_intake", "_work", "_read"):
+        for name in ("_intake", "_work", "_progress", "_read"):
             await self._drop(name)
         self._turns.close()
 
@@ -212,7 +221,9 @@ class SqliteStore(SqlLanes, SqlBrowse, SqlPull, SqlSteps, SqliteCheckpoints, Sql
         if conn is not None:
             await _close_quietly(conn)
 
-    async def _connect(self, *, query_only: bool = False) -> aiosqlite.Connection:
+    async def _connect(
+        self, *, query_only: bool = False, sync: str | None = None
+    ) -> aiosqlite.Connection:
         conn = await aiosqlite.connect(
             self.path,
             timeout=self.busy_timeout,
@@ -223,7 +234,7 @@ class SqliteStore(SqlLanes, SqlBrowse, SqlPull, SqlSteps, SqliteCheckpoints, Sql
         )
         try:
             await conn.execute(PRAGMA_FOREIGN_KEYS)
-            await conn.execute(self._sync)
+            await conn.execute(sync or self._sync)
             await conn.execute(PRAGMA_JOURNAL_SIZE_LIMIT)
             ((mode,),) = await conn.execute_fetchall(PRAGMA_JOURNAL_MODE)
             # Switching needs a write; skip it when the file is already WAL (read-only files).
@@ -304,21 +315,28 @@ class SqliteStore(SqlLanes, SqlBrowse, SqlPull, SqlSteps, SqliteCheckpoints, Sql
             self._checkpoint_due.set()
         return results
 
-    async def _write_tx(self, fn: Callable[[aiosqlite.Connection], Awaitable[T]]) -> T:
-        """Run ``fn`` in a write transaction of its own on the work connection."""
+    async def _write_tx(
+        self, fn: Callable[[aiosqlite.Connection], Awaitable[T]], *, durable: bool = True
+    ) -> T:
+        """Run ``fn`` in a write transaction of its own on the work connection, or, when not
+        ``durable``, the progress connection (see the class)."""
         self._check_open()
-        return await self._detached(self._write_job(fn))
+        name = "_work" if durable or self._sync == PRAGMA_SYNC_NORMAL else "_progress"
+        return await self._detached(self._write_job(fn, name))
 
-    async def _write_job(self, fn: Callable[[aiosqlite.Connection], Awaitable[T]]) -> T:
+    async def _write_job(self, fn: Callable[[aiosqlite.Connection], Awaitable[T]], name: str) -> T:
         async with self._turns:
             try:
-                if self._work is None:
-                    self._work = await self._connect()
-                return await self._transaction(self._work, fn)
+                conn = getattr(self, name)
+                if conn is None:
+                    sync = PRAGMA_SYNC_NORMAL if name == "_progress" else None
+                    conn = await self._connect(sync=sync)
+                    setattr(self, name, conn)
+                return await self._transaction(conn, fn)
             except _ITEM_ERRORS as exc:
                 raise _unavailable(exc, self.path) from exc
             except _DB_ERRORS as exc:
-                await self._drop_after_fault("_work", exc)
+                await self._drop_after_fault(name, exc)
                 raise _unavailable(exc, self.path) from exc
 
     async def _read_tx(self, fn: Callable[[aiosqlite.Connection], Awaitable[T]]) -> T:
@@ -345,13 +363,13 @@ class SqliteStore(SqlLanes, SqlBrowse, SqlPull, SqlSteps, SqliteCheckpoints, Sql
 
     async def _run_read(self, fn: Callable[[Conn], Awaitable[T]], *, snapshot: bool = False) -> T:
         """A flow's read (always one snapshot here)."""
-        return await self._read_tx(lambda conn: fn(SqliteConn(conn)))
+        return await self._read_tx(lambda conn: run_flow(conn, fn))
 
     async def _run_write(
-        self, fn: Callable[[Conn], Awaitable[T]], *, transaction: bool = True
+        self, fn: Callable[[Conn], Awaitable[T]], *, transaction: bool = True, durable: bool = True
     ) -> T:
         """A flow's write (always a transaction of its own here: one writer at a time)."""
-        return await self._write_tx(lambda conn: fn(SqliteConn(conn)))
+        return await self._write_tx(lambda conn: run_flow(conn, fn), durable=durable)
 
     # -- the Store interface --------------------------------------------------------------------
 
