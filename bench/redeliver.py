@@ -5,9 +5,12 @@ An inbox is filled in bulk with ``--count`` events whose delivery to the ``hook`
 a second. Rounds of wrk against its public listener, each ``--seconds`` long:
 
 - *idle* (``--rounds`` of them): nothing else happening;
-- *queuing* (``--rounds``): from right after ``POST /admin/redeliveries`` started the batch, its
-  steps running (and the lane sending what they queued);
-- *sending*: once everything was queued, the lane sending the batch at its pace.
+- *queuing* (``--rounds``): the lane paused (``POST /admin/lanes/hook/pause``), as
+  docs/incidents.md has an operator do, and ``POST /admin/redeliveries`` started the batch: its
+  steps running, what the batch itself costs;
+- *sending* (``--rounds``): once everything was queued, the lane resumed, sending the batch at
+  its rate: what delivering costs, as for any event (a batch is queued while its lane sends when
+  the lane is not paused: then both costs at once).
 
 Printed: the time to queue the whole batch, intake's rate in each round and its ratio to the
 median idle round (the goal: >= 0.9x while queuing), and the lane's rate as the sink saw it (the
@@ -47,14 +50,18 @@ from bench.scale import postgres as pg
 from tests.support.peers import Capture
 
 POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
-SNAPSHOT = '{"job":{"id":"job","status":"completed","type":"logo"},"assets":[]}'
+# The stored events are job.failed, the only event the hook sink takes; wrk's webhooks are
+# job.completed, which no sink takes: they measure intake alone (stored, nothing to fetch or send),
+# not workers fetching jobs for them beside the batch.
+STORED_EVENT = "job.failed"
+SNAPSHOT = '{"job":{"id":"job","status":"failed","type":"logo"},"assets":[]}'
 
 SQLITE_FILL = """
 WITH RECURSIVE n (i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < :count),
 ids (i, id) AS (SELECT i, printf('%08x-%08d', (i * 2654435761) % 4294967296, i) FROM n)
 INSERT INTO events (id, event, job_id, body, headers, received_at, state, snapshot, fetched_at)
-SELECT id, 'job.completed', 'job-' || id,
-       CAST('{"id":"' || id || '","object":"event","event":"job.completed","job_id":"job-' || id
+SELECT id, 'job.failed', 'job-' || id,
+       CAST('{"id":"' || id || '","object":"event","event":"job.failed","job_id":"job-' || id
             || '"}' AS BLOB),
        '{}', :now - 3600 + i * 0.001, 'dead', :snapshot, :now
 FROM ids
@@ -66,8 +73,9 @@ SELECT id, 'hook', 'dead', 12, NULL, 'HTTP 503', received_at FROM events
 # bench-scale's done events (bench/scale/postgres.py), made dead letters of the hook sink.
 POSTGRES_DEAD = (
     "UPDATE events SET state = 'dead', snapshot = $1, fetched_at = extract(epoch FROM now()),"
+    " event = 'job.failed',"
     ' body = convert_to(\'{"id":"\' || id || \'","object":"event","event":'
-    '"job.completed","job_id":"\' || job_id || \'"}\', \'UTF8\')',
+    '"job.failed","job_id":"\' || job_id || \'"}\', \'UTF8\')',
     "UPDATE deliveries SET sink = 'hook', state = 'dead', attempts = 12, last_error = 'HTTP 503'",
     "VACUUM ANALYZE",
 )
@@ -136,6 +144,14 @@ async def wrk_round(args: argparse.Namespace, work: Path, port: int, name: str) 
     return result.rps
 
 
+def against(rates: list[float], base: float) -> str:
+    """Rounds' median rate, its ratio to ``base`` and each round's."""
+    each = ", ".join(f"{r / base:.2f}" for r in rates)
+    return (
+        f"{statistics.median(rates):,.0f} ({statistics.median(rates) / base:.2f}x; rounds {each})"
+    )
+
+
 async def run_store(args: argparse.Namespace, kind: str, table: Table) -> None:
     with scratch(f"redeliver-{kind}-") as work:
         # (in a thread: building a Postgres schema runs its own event loop)
@@ -145,6 +161,7 @@ async def run_store(args: argparse.Namespace, kind: str, table: Table) -> None:
         runner, url = await serve_capture(capture)
         public, ops = free_port(), free_port()
         sink = {"name": "hook", "type": "http", "url": url, "secret": "h" * 24}
+        sink["events"] = [STORED_EVENT]
         config = receiver_config(
             work,
             port=public,
@@ -158,39 +175,43 @@ async def run_store(args: argparse.Namespace, kind: str, table: Table) -> None:
         )
         try:
             server.start(timeout=120)
-            idle = [await wrk_round(args, work, public, f"idle{i}") for i in range(args.rounds)]
+
+            async def rounds(name: str) -> list[float]:
+                return [
+                    await wrk_round(args, work, public, f"{name}{i}") for i in range(args.rounds)
+                ]
+
+            idle = await rounds("idle")
+            admin(ops, "/admin/lanes/hook/pause", {"reason": "bench: queue first"})
             started = time.monotonic()
-            sent_before = len(capture.times)
             batch = admin(ops, "/admin/redeliveries", {"status": "dead", "sinks": ["hook"]})
             made = time.monotonic() - started
-            queuing = []
-            for i in range(args.rounds):
-                queuing.append(await wrk_round(args, work, public, f"queuing{i}"))
-                shown = admin(ops, f"/admin/redeliveries/{batch['id']}")
-                print(f"    after queuing round {i + 1}: {shown['queued']:,} queued")
+            queuing = await rounds("queuing")
+            shown = admin(ops, f"/admin/redeliveries/{batch['id']}")
+            print(f"    after the queuing rounds: {shown['queued']:,} queued")
             while (shown := admin(ops, f"/admin/redeliveries/{batch['id']}"))["queued_at"] is None:
                 if time.monotonic() - started > args.timeout:
                     break
                 await asyncio.sleep(5)
             queued_in = time.monotonic() - started if shown["queued_at"] else None
             print(f"    all queued in {queued_in or 0:.0f} s; {shown['queued']:,} queued")
-            sending = await wrk_round(args, work, public, "sending")
+            sent_before = len(capture.times)
+            admin(ops, "/admin/lanes/hook/resume", {})
+            sending = await rounds("sending")
             times = capture.times[sent_before:]
             window = (times[-1] - times[0]) if len(times) > 1 else 0.0
             most = max(
-                (sum(1 for u in times if t <= u < t + 1.0) for t in times[-2000:]), default=0
+                (sum(1 for u in times if t <= u < t + 1.0) for t in times[-4000:]), default=0
             )
             base = statistics.median(idle)
-            rounds = ", ".join(f"{q / base:.2f}" for q in queuing)
             table.add(
                 kind,
                 f"{shown['matched']:,}",
                 f"{made:.1f} s",
                 f"{queued_in:.0f} s" if queued_in else f"> {args.timeout:.0f} s",
                 " / ".join(f"{r:,.0f}" for r in idle),
-                f"{statistics.median(queuing):,.0f} ({statistics.median(queuing) / base:.2f}x;"
-                f" rounds {rounds})",
-                f"{sending:,.0f} ({sending / base:.2f}x)",
+                against(queuing, base),
+                against(sending, base),
                 f"{most} / {args.rate:g}",
                 f"{(len(times) - 1) / window:.1f}" if window else "-",
             )
@@ -214,8 +235,8 @@ async def bench(args: argparse.Namespace) -> int:
             "batch stored",
             "all queued",
             "intake idle (req/s, each round)",
-            "while queuing",
-            "while sending",
+            "while queuing (lane paused)",
+            "while sending (lane at its rate)",
             "lane: most in 1 s / limit",
             "lane: mean/s",
         ]
