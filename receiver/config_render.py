@@ -8,11 +8,11 @@ SQLite under ``./data``) and the list of what can be set. The webhook secret is 
 from __future__ import annotations
 
 import json
-import secrets
 from typing import Any
 
 from receiver.config import schema
 from receiver.config_schema import Key
+from receiver.signature import new_standard_webhooks_secret
 
 _HELP_COLUMN = 34
 
@@ -43,8 +43,9 @@ allow_private_networks = true
 
 
 def new_secret() -> str:
-    """A fresh webhook signing secret (32 random bytes, URL-safe)."""
-    return "whsec_" + secrets.token_urlsafe(32)
+    """A fresh webhook signing secret: 32 random bytes in the ``whsec_<base64>`` form, which a
+    Standard Webhooks signer takes too."""
+    return new_standard_webhooks_secret()
 
 
 def render_config(*, secret: str | None = None) -> str:
