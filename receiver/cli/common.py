@@ -29,6 +29,10 @@ class CommandError(ReceiverError):
     """The command failed."""
 
 
+class Usage(Exception):
+    """A mistake on the command line: one stderr line, exit 2."""
+
+
 _INVALID_CHOICE = re.compile(r"argument (\S+): invalid choice: '([^']*)' \(choose from (.*)\)")
 _UNRECOGNIZED = re.compile(r"unrecognized arguments: (.*)")
 

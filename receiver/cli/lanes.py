@@ -17,6 +17,7 @@ from typing import Any
 from receiver import pauses
 from receiver.cli.common import (
     EXIT_USAGE,
+    Usage,
     cli_user,
     quiet_logs,
     run_async,
@@ -28,10 +29,6 @@ from receiver.humantime import iso_utc, parse_duration
 from receiver.store import open_existing_store
 
 COLUMNS = ("SINK", "TYPE", "STATE", "BACKLOG", "IN FLIGHT", "RATE/S", "PAUSED")
-
-
-class Usage(Exception):
-    """A mistake on the command line: one stderr line, exit 2."""
 
 
 def add_parser(commands: Any) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 from receiver import redelivery
 from receiver.cli.common import (
     EXIT_USAGE,
+    Usage,
     cli_user,
     quiet_logs,
     run_async,
@@ -37,10 +38,6 @@ from receiver.store.batches import REDELIVERY_STATUSES, BadFilter, RedeliveryBat
 OPTIONS = {"sinks": "--sink", "job_id": "--job", "event": "--event", "status": "--status"}
 FOLLOW_SECONDS = 0.5
 BAR_WIDTH = 30
-
-
-class Usage(Exception):
-    """A mistake on the command line: one stderr line, exit 2."""
 
 
 def add_parser(commands: Any) -> None:
