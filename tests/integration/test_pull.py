@@ -11,6 +11,7 @@ from structlog.testing import capture_logs
 
 from receiver.app import Runtime
 from receiver.config_load import parse_settings
+from receiver.pull import poller
 from tests.support.helpers import wait_for
 from tests.support.pull import (
     SECRET,
@@ -266,7 +267,12 @@ async def test_429_retry_after_on_the_long_poll_is_honoured(pulling):
     assert long_polls(sim) == 3  # the 429, the poll after Retry-After, the worker's fetch
 
 
-async def test_a_watch_that_never_finishes_ends_expired(aiohttp_client, tmp_path, upstream):
+async def test_a_watch_that_never_finishes_ends_expired(
+    aiohttp_client, tmp_path, upstream, monkeypatch
+):
+    # Expired watches are looked for every 5 s; every 0.2 s here, so the 1.8 s expiry is seen
+    # at once instead of at the next 5 s look.
+    monkeypatch.setattr(poller, "EXPIRE_EVERY_SECONDS", 0.2)
     settings = make_settings(tmp_path, upstream, wait_seconds=1, watch_expiry_hours=0.0005)
     job_id = upstream.add_job("logo", status="processing")["job_id"]
     with capture_logs() as logs:
