@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 
 import aiohttp
@@ -14,6 +15,8 @@ from receiver.app import Runtime
 from receiver.cli.common import CommandError
 from receiver.config_load import parse_settings
 from receiver.config_render import render_config
+from receiver.simulator import handoff
+from receiver.simulator import run as simulator_run
 from receiver.simulator.cli import options_from_args
 from receiver.simulator.delivery import DeliveryFaults
 from receiver.simulator.run import SUMMARY_PATH, SimulateOptions, Simulation
@@ -27,8 +30,13 @@ API_KEY = "service_" + "5a" * 32
 
 
 async def test_simulated_upstream_with_faults_feeds_a_receiver_end_to_end(
-    tmp_path, aiohttp_server
+    tmp_path, aiohttp_server, monkeypatch
 ) -> None:
+    # --until-done ends once the API has been idle for 5 s (the receiver wants nothing more of
+    # the two failed jobs); 1 s here, where every retry of the receiver comes within 0.1 s.
+    monkeypatch.setattr(
+        simulator_run, "wait_for_fetches", functools.partial(handoff.wait_for_fetches, idle=1.0)
+    )
     options = SimulateOptions(
         port=0,
         api_key=API_KEY,
