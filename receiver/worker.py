@@ -166,10 +166,13 @@ class Worker:
         retired_at = -math.inf
         while not self._stopping.is_set():
             self._wake.clear()
-            try:
-                if time.monotonic() - retired_at >= RETIRE_INTERVAL_SECONDS:
+            if time.monotonic() - retired_at >= RETIRE_INTERVAL_SECONDS:
+                retired_at = time.monotonic()  # failed or not: enrichment goes on meanwhile
+                try:
                     await self._retire_unknown_sinks()
-                    retired_at = time.monotonic()
+                except StoreError as exc:
+                    log.warning("sinks no longer configured not looked for", error=exc.message)
+            try:
                 claimed = await self._claim_enrichment()
                 failures = 0
             except StoreError as exc:
@@ -186,9 +189,7 @@ class Worker:
         """Deliveries to a sink no longer configured are dead (redeliverable once it is back):
         no lane would ever take them, and their events would stay pending forever."""
         now = self._clock()
-        for sink in await self._store.lane_stats(now=now):
-            if sink in self._sinks:
-                continue
+        for sink in sorted(await self._store.pending_sinks() - set(self._sinks)):
             lane = LanePolicy(sink)
             gone = Outcome("dead", error=f"sink {sink} is no longer configured")
             while claim := (

@@ -563,6 +563,17 @@ async def test_lane_stats(store: Store) -> None:
     assert "gamma" not in stats
 
 
+async def test_pending_sinks(store: Store) -> None:
+    assert await store.pending_sinks() == set()
+    await store.add_event(new_event("ev-1", sinks=("alpha", "beta", "gamma")))
+    await store.add_event(new_event("ev-2", sinks=("beta",)))
+    await store.settle("ev-1", "gamma", Outcome(state="done"), now=T0 + 1)
+    await store.settle("ev-1", "beta", Outcome(state="dead", error="x"), now=T0 + 1)
+    assert await store.pending_sinks() == {"alpha", "beta"}
+    await store.settle("ev-2", "beta", Outcome(state="done"), now=T0 + 2)
+    assert await store.pending_sinks() == {"alpha"}
+
+
 # -- settling -----------------------------------------------------------------------------------
 
 

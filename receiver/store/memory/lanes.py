@@ -134,6 +134,15 @@ class MemoryLanes(MemoryPull):
                 found.append((ev, d))
         return found
 
+    async def pending_sinks(self) -> set[str]:
+        self._check()
+        return {
+            d.sink
+            for ev in self._events.values()
+            for d in ev.deliveries.values()
+            if d.state == "pending"
+        }
+
     async def lane_stats(self, *, now: float) -> dict[str, LaneStats]:
         self._check()
         stats: dict[str, LaneStats] = {}

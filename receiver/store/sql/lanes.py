@@ -86,6 +86,23 @@ WHERE d.sink = :sink AND d.state = 'pending' AND d.next_attempt_at > :now
   AND e.fetched_at IS NOT NULL
 """
 
+# The sinks with a pending delivery, one index probe each (the partial index deliveries_due,
+# led by the sink): however many deliveries are pending, it never counts them.
+PENDING_SINKS = """
+WITH RECURSIVE pending (sink) AS (
+    SELECT sink FROM (
+        SELECT sink FROM deliveries WHERE state = 'pending' ORDER BY sink LIMIT 1
+    ) AS first
+    UNION ALL
+    SELECT (
+        SELECT d.sink FROM deliveries d
+        WHERE d.state = 'pending' AND d.sink > p.sink ORDER BY d.sink LIMIT 1
+    )
+    FROM pending p WHERE p.sink IS NOT NULL
+)
+SELECT sink FROM pending WHERE sink IS NOT NULL
+"""
+
 SETTLE = """
 UPDATE deliveries
 SET state = :state, attempts = attempts + :attempts_add, next_attempt_at = :next_attempt_at,
@@ -309,6 +326,12 @@ class SqlLanes(SqlMixin):
                 row[0]: LaneStats(backlog=row[1] or 0, oldest_due=row[2], in_flight=row[3] or 0)
                 for row in await c.rows(sql.LANE_STATS, {"now": now})
             }
+
+        return await self._run_read(run)
+
+    async def pending_sinks(self) -> set[str]:
+        async def run(c: Conn) -> set[str]:
+            return {row[0] for row in await c.rows(PENDING_SINKS)}
 
         return await self._run_read(run)
 
