@@ -26,6 +26,7 @@ import asyncio
 import json
 import statistics
 import time
+import urllib.error
 import urllib.request
 from contextlib import closing
 from pathlib import Path
@@ -120,6 +121,22 @@ def admin(port: int, path: str, body: dict[str, Any] | None = None) -> Any:
         return json.loads(response.read())
 
 
+def resume(port: int) -> None:
+    """Resume the hook lane. Its answer shows the lane's backlog, which Postgres counts over
+    every pending delivery (seconds with a million, more before its statistics catch up with
+    the batch): the store's 5 s statement timeout may answer 503 after the lane resumed."""
+    for _attempt in range(5):
+        try:
+            admin(port, "/admin/lanes/hook/resume", {})
+            return
+        except urllib.error.HTTPError as exc:
+            if exc.code != 503:
+                raise
+            print("    resume answered 503 (the lane's backlog not counted in time); again")
+            time.sleep(5)
+    raise RuntimeError("the hook lane could not be resumed")
+
+
 async def serve_capture(capture: Capture) -> tuple[web.AppRunner, str]:
     runner = web.AppRunner(capture.app(), access_log=None)
     await runner.setup()
@@ -196,7 +213,7 @@ async def run_store(args: argparse.Namespace, kind: str, table: Table) -> None:
             queued_in = time.monotonic() - started if shown["queued_at"] else None
             print(f"    all queued in {queued_in or 0:.0f} s; {shown['queued']:,} queued")
             sent_before = len(capture.times)
-            admin(ops, "/admin/lanes/hook/resume", {})
+            resume(ops)
             sending = await rounds("sending")
             times = capture.times[sent_before:]
             window = (times[-1] - times[0]) if len(times) > 1 else 0.0
