@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -209,9 +210,22 @@ def test_a_post_without_the_csrf_token_is_refused(page, stack):
     assert stack.consumer_got(payload["id"]) == 1
 
 
+def dead_on_the_gauge(stack: Stack) -> bool:
+    """Whether the receiver's inbox gauge (what the overview's cards show, refreshed every 5 s)
+    counts a dead event yet."""
+    with urllib.request.urlopen(f"{stack.ops_url}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    found = re.search(r'^receiver_inbox_events\{state="dead"\} (\S+)$', text, re.M)
+    return found is not None and float(found.group(1)) > 0
+
+
 def test_overview_refreshes_itself_and_dead_letters_redeliver(page, stack):
     for kind, name in [("animation", "jump"), ("failed", "spin"), ("scene", "beach")]:
         stack.send(kind, item_name=name)
+    # The failed job's event dies at the archive sink (503 twice); once the inbox gauge counts
+    # it, the page opens and its first render shows it (the page's own refresh is checked
+    # below, with a new event).
+    wait_until(lambda: dead_on_the_gauge(stack), "a dead event on the inbox gauge")
     page.goto("/ui/")
     lanes = page.locator("table.lanes tbody tr")
     expect(lanes).to_have_count(2)
