@@ -171,3 +171,33 @@ async def test_a_batch_through_the_admin_api(receiver, upstream, captures, aioht
     ):
         assert answer.status == 404
         assert (await answer.json())["error"]["code"] == "not_found"
+
+
+async def test_a_pause_and_a_resume_answer_even_when_the_backlog_cannot_be_counted(
+    receiver, captures, aiohttp_client, monkeypatch
+):
+    """Counting a lane's backlog may time out (a million pending deliveries on a busy
+    database): the pause or resume is written all the same, and its answer says what it did."""
+    from receiver.errors import StoreUnavailable
+
+    runtime, _client = await receiver([http("held", await captures())])
+    ops = await aiohttp_client(runtime.ops_app())
+
+    async def too_slow(*, now: float) -> None:
+        raise StoreUnavailable("the inbox did not answer within 5 s")
+
+    monkeypatch.setattr(runtime.store, "lane_stats", too_slow)
+    answer = await ops.post("/admin/lanes/held/pause", json={"reason": "upgrade"})
+    assert answer.status == 200
+    lane = (await answer.json())["data"]
+    assert (lane["paused"], lane["reason"], lane["counted"]) == (True, "upgrade", False)
+    assert (lane["backlog"], lane["in_flight"], lane["oldest_due_seconds"]) == (None, None, None)
+    assert (await runtime.store.lane_states())["held"].hold_reason == "upgrade"
+
+    answer = await ops.post("/admin/lanes/held/resume")
+    assert answer.status == 200
+    assert (await answer.json())["data"]["paused"] is False
+    assert (await runtime.store.lane_states())["held"].hold_since is None
+    monkeypatch.undo()
+    lane = (await (await ops.post("/admin/lanes/held/resume")).json())["data"]
+    assert lane["counted"] is True and lane["backlog"] == 0
