@@ -312,20 +312,10 @@ class Runtime:
         )
 
     async def refresh_gauges(self) -> None:
-        counts, oldest = await self.store.counts()
-        for state in EVENT_STATES:
-            self.metrics.inbox_events.labels(state).set(counts.get(state, 0))
+        """The gauges read from the store: the cheap ones first (pauses, watches), then those
+        that count the inbox, which with a million pending may time out (the others are then
+        fresh all the same)."""
         now = self.clock()
-        age = 0.0 if oldest is None else max(0.0, now - oldest)
-        self.metrics.inbox_oldest_pending_seconds.set(age)
-        lanes = await self.store.lane_stats(now=now)
-        for sink in self.settings.sinks:
-            stats = lanes.get(sink.name, LaneStats())
-            self.metrics.sink_backlog.labels(sink.name).set(stats.backlog)
-            due = stats.oldest_due
-            self.metrics.sink_oldest_due_seconds.labels(sink.name).set(
-                0.0 if due is None else max(0.0, now - due)
-            )
         lane_states = await self.store.lane_states()
         for sink in self.settings.sinks:
             lane_state = lane_states.get(sink.name)
@@ -336,6 +326,19 @@ class Runtime:
         watches = await self.store.watch_counts()
         for watch_state in WATCH_STATES:
             self.metrics.watched_jobs.labels(watch_state).set(watches.get(watch_state, 0))
+        counts, oldest = await self.store.counts()
+        for state in EVENT_STATES:
+            self.metrics.inbox_events.labels(state).set(counts.get(state, 0))
+        age = 0.0 if oldest is None else max(0.0, now - oldest)
+        self.metrics.inbox_oldest_pending_seconds.set(age)
+        lanes = await self.store.lane_stats(now=now)
+        for sink in self.settings.sinks:
+            stats = lanes.get(sink.name, LaneStats())
+            self.metrics.sink_backlog.labels(sink.name).set(stats.backlog)
+            due = stats.oldest_due
+            self.metrics.sink_oldest_due_seconds.labels(sink.name).set(
+                0.0 if due is None else max(0.0, now - due)
+            )
 
     async def _refresh_gauges(self) -> None:
         loop = asyncio.get_running_loop()

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from receiver.app import Runtime
 from tests.support.helpers import wait_for
 from tests.support.receivers import captures, http, receiver, send, upstream
@@ -193,6 +195,11 @@ async def test_a_pause_and_a_resume_answer_even_when_the_backlog_cannot_be_count
     assert (lane["paused"], lane["reason"], lane["counted"]) == (True, "upgrade", False)
     assert (lane["backlog"], lane["in_flight"], lane["oldest_due_seconds"]) == (None, None, None)
     assert (await runtime.store.lane_states())["held"].hold_reason == "upgrade"
+    # The gauges that do not count are refreshed before those that do.
+    with pytest.raises(StoreUnavailable):
+        await runtime.refresh_gauges()
+    paused = runtime.metrics.registry.get_sample_value("receiver_sink_paused", {"sink": "held"})
+    assert paused == 1
 
     answer = await ops.post("/admin/lanes/held/resume")
     assert answer.status == 200
