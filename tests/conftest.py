@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterator
 
 import pytest
 
@@ -14,6 +15,17 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     test is among the frozen objects; each test's garbage is collected after it as before."""
     gc.collect()
     gc.freeze()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """The same at the end of each test module, once its module-scoped fixtures are torn down
+    and a full collection has run: what outlives the module (modules imported on the way,
+    caches) is frozen too, and the next module's tests no longer walk it after each test."""
+    yield
+    if nextitem is None or getattr(nextitem, "module", None) is not getattr(item, "module", None):
+        gc.collect()
+        gc.freeze()
 
 
 def forget_aiohttp_handlers() -> None:
