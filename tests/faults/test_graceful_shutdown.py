@@ -19,7 +19,7 @@ from receiver.simulator import Simulator
 from tests.support.faults import client_session, db_rows, receiver_config, signed_post
 from tests.support.helpers import ReceiverProcess
 
-DRAIN = 3.0
+DRAIN = 2.0
 HALF_SENT = 8
 SENDERS = 4
 
