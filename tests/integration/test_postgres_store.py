@@ -8,8 +8,10 @@ several replicas (each has its own pool of real connections), and dropped connec
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from urllib.parse import urlsplit
 
 import asyncpg
@@ -620,14 +622,45 @@ async def test_many_concurrent_adds_share_commits_with_one_notify_each(
     assert await fetchval(schema, "SELECT count(*) FROM events") == 400
 
 
+async def test_a_growing_inbox_is_written_without_reading_any_table_whole(
+    stores: StoreFactory, schema: str
+) -> None:
+    """Intake's statement reads the ledger, the events and the deliveries only through their
+    keys, whatever plan Postgres made while the tables were small: a statement that joined the
+    ledger was planned on the empty table as a scan of all of it, and kept that plan while the
+    ledger grew (every group read every outcome recorded before it). Here the groups' statements
+    run in one transaction of the test's own connection, whose table counters
+    (pg_stat_xact_user_tables) count exactly what they read."""
+    store = await stores()
+    conn = await asyncpg.connect(POSTGRES_URL, server_settings={"search_path": schema})
+    try:
+        async with conn.transaction():
+            for group in range(40):
+                events = [new_event(f"ev-{group:04d}-{n:04d}") for n in range(25)]
+                # Retries of webhooks already stored, and polls of outcomes already held.
+                events += [new_event(f"ev-{group - 1:04d}-{n:04d}") for n in range(3) if group]
+                events += [replace(e, id=f"poll-{e.id}", source="poll") for e in events[:2]]
+                rows = sorted({e.id: e for e in events}.values(), key=lambda e: e.id)
+                await store._add_rows(rows, conn)
+            scans = await conn.fetchval(
+                "SELECT json_object_agg(relname, seq_scan) FROM pg_stat_xact_user_tables "
+                "WHERE schemaname = current_schema() "
+                "AND relname IN ('events', 'deliveries', 'job_outcomes')"
+            )
+            assert await conn.fetchval("SELECT count(*) FROM events") == 40 * 25
+    finally:
+        await conn.close()
+    assert json.loads(scans) == {"events": 0, "deliveries": 0, "job_outcomes": 0}
+
+
 @pytest.mark.parametrize(("claimed_by", "stored"), [("webhook", True), ("poll", False)])
-async def test_an_outcome_claimed_during_the_groups_statement_is_judged_by_a_second_one(
+async def test_an_outcome_claimed_during_the_groups_statement_is_judged_by_its_holder(
     stores: StoreFactory, schema: str, claimed_by: str, stored: bool
 ) -> None:
     """Another transaction claims a webhook's job outcome while the group's statement waits for
-    it: that statement reads the ledger as of its start and cannot judge the event, so a second
-    statement does. Beside another webhook's outcome a webhook is stored; beside a poll's, it is
-    a duplicate."""
+    it: once that transaction commits, the statement's claim returns the holder it recorded
+    (which the statement's own snapshot cannot see). Beside another webhook's outcome a webhook
+    is stored; beside a poll's, it is a duplicate."""
     store = await stores()
     webhook = new_event("ev-webhook")
     key = outcome_key(webhook.event, webhook.job_id)

@@ -21,10 +21,6 @@ T = TypeVar("T")
 #: at most GROUP_WRITERS pooled connections however many webhooks arrive at once.
 MAX_GROUP = 500
 GROUP_WRITERS = 2
-#: Statements a group's events get at most: an event is judged again only when another
-#: transaction claimed its job outcome during the statement (see ADD_EVENTS).
-JUDGING_ROUNDS = 3
-
 
 # A group of events in one statement, which is its own transaction (no BEGIN and COMMIT round
 # trips): the group's job outcomes (receiver.store.pull) claimed in the ledger in key order,
@@ -32,13 +28,15 @@ JUDGING_ROUNDS = 3
 # of its outcome, a webhook beside an outcome a webhook brought, or any reconcile event, which
 # names only assets no event took: receiver.store.pull), the deliveries of those
 # that were new, and one notification for the whole group (sent by Postgres on commit, only
-# when anything was new).
+# when anything was new). Answers the ids that were new.
 #
-# A key another transaction is claiming makes the claim wait for it to commit; but the rest of
-# the statement reads the ledger as of the statement's start, so it cannot see that outcome.
-# Such an event is not judged here: it is answered in ``unjudged`` (neither stored nor
-# refused), and the store runs the statement again for it, which sees the outcome. Answers the
-# ids that were new and the ids not judged.
+# The ledger is read only through its key, by the claim itself: a key already held is
+# "updated" to what it holds (DO UPDATE changes nothing), which returns its holder, so no other
+# lookup of the ledger is needed (a join to it, planned while the table was small, scanned the
+# whole ledger for every group). A key another transaction is claiming at the same moment makes
+# the claim wait for it to commit and then returns that transaction's holder, although the
+# statement's snapshot cannot see it. One claim a key (DISTINCT ON): the group's first event of
+# a job outcome, in id order, is its claimant.
 ADD_EVENTS = """
 WITH rows AS (
     SELECT * FROM unnest(
@@ -47,15 +45,15 @@ WITH rows AS (
         $15::text[]
     ) AS r (id, event, job_id, body, headers, received_at, state, enrich_at, trace, key, source)
 ), claimed AS (
-    INSERT INTO job_outcomes (key, event_id, source, created_at)
-    SELECT key, id, source, received_at FROM rows WHERE key IS NOT NULL ORDER BY key, id
-    ON CONFLICT (key) DO NOTHING
+    INSERT INTO job_outcomes AS o (key, event_id, source, created_at)
+    SELECT DISTINCT ON (key) key, id, source, received_at FROM rows WHERE key IS NOT NULL
+    ORDER BY key, id
+    ON CONFLICT (key) DO UPDATE SET key = o.key
     RETURNING key, event_id, source
 ), judged AS (
-    SELECT r.*, coalesce(c.event_id, o.event_id) AS holder, coalesce(c.source, o.source) AS held_by
+    SELECT r.*, c.event_id AS holder, c.source AS held_by
     FROM rows r
     LEFT JOIN claimed c ON c.key = r.key
-    LEFT JOIN job_outcomes o ON o.key = r.key
 ), ins AS (
     INSERT INTO events (
         id, event, job_id, body, headers, received_at, state, enrich_at, trace, stored_at
@@ -75,9 +73,7 @@ WITH rows AS (
     JOIN ins ON ins.id = d.event_id
 )
 SELECT coalesce(array_agg(id), '{}') AS added,
-       CASE WHEN count(*) > 0 THEN pg_notify($12, $13) END AS notified,
-       (SELECT coalesce(array_agg(id), '{}') FROM judged WHERE key IS NOT NULL AND holder IS NULL)
-           AS unjudged
+       CASE WHEN count(*) > 0 THEN pg_notify($12, $13) END AS notified
 FROM ins
 """
 
@@ -100,40 +96,20 @@ class PostgresIntake:
         """One group: one statement, its own transaction; each event told whether its id was new.
 
         Within a group only the first event of an id can be new; the rows go in id order, so
-        two groups (of two replicas) inserting the same ids lock them in the same order. Events
-        the statement could not judge (another transaction was claiming their job outcome, see
-        ADD_EVENTS) go again, in a statement of their own that sees that claim.
+        two groups (of two replicas) inserting the same ids lock them in the same order.
         """
         firsts: dict[str, NewEvent] = {}
         for event in events:
             firsts.setdefault(event.id, event)
-        pending = sorted(firsts.values(), key=lambda e: e.id)
-        added: set[str] = set()
-        failed: StoreUnavailable | None = None
-        for _round in range(JUDGING_ROUNDS):
-            try:
-                new, unjudged = await self._run(functools.partial(self._add_rows, pending))
-            except StoreUnavailable as exc:
-                failed = exc
-                break
-            added |= new
-            pending = [event for event in pending if event.id in unjudged]
-            if not pending:
-                break
-        else:
-            failed = StoreUnavailable("job outcomes kept being claimed by other transactions")
-        # Only the events still pending failed (none are unless a round failed): earlier rounds
-        # are committed.
-        unwritten = {event.id for event in pending}
-        return [
-            _copy_error(failed)
-            if failed is not None and event.id in unwritten
-            else event.id in added and firsts[event.id] is event
-            for event in events
-        ]
+        rows = sorted(firsts.values(), key=lambda e: e.id)
+        try:
+            added = await self._run(functools.partial(self._add_rows, rows))
+        except StoreUnavailable as exc:
+            return [_copy_error(exc) for _ in events]
+        return [event.id in added and firsts[event.id] is event for event in events]
 
-    async def _add_rows(self, rows: list[NewEvent], conn: Any) -> tuple[set[str], set[str]]:
-        """ADD_EVENTS for ``rows`` (distinct ids, in id order): the ids new, the ids not judged."""
+    async def _add_rows(self, rows: list[NewEvent], conn: Any) -> set[str]:
+        """ADD_EVENTS for ``rows`` (distinct ids, in id order): the ids that were new."""
         columns: tuple[list[Any], ...] = ([], [], [], [], [], [], [], [], [])
         deliveries: tuple[list[Any], ...] = ([], [], [])
         for event in rows:
@@ -147,10 +123,10 @@ class PostgresIntake:
         keys = [outcome_key(event.event, event.job_id) for event in rows]
         sources = [event.source for event in rows]
         *values, traces = columns
-        answer = await conn.fetchrow(
+        added: list[str] = await conn.fetchval(
             ADD_EVENTS, *values, *deliveries, CHANNEL, self._schema, keys, sources, traces
         )
-        return set(answer["added"]), set(answer["unjudged"])
+        return set(added)
 
 
 def _copy_error(exc: StoreUnavailable) -> StoreUnavailable:
