@@ -193,6 +193,8 @@ class WrkResult:
     reused: int
     #: The server's CPU time per request (all its threads and child processes), when measured.
     cpu_us: float = 0.0
+    # The database server's CPU a request (every ``postgres`` process), for Postgres targets.
+    db_cpu_us: float | None = None
 
     @property
     def rps(self) -> float:

@@ -33,6 +33,21 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
+def command_cpu_seconds(command: str) -> float:
+    """CPU time (user + system) so far of every process named ``command`` (its ``comm``), e.g.
+    ``postgres``: the database server's postmaster, backends and background writers, all of
+    which share the machine with the server being measured."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            head, _, tail = stat.read_text().rpartition(")")
+            if head.partition("(")[2] == command:
+                fields = tail.split()
+                total += (int(fields[11]) + int(fields[12])) / ticks
+    return total
+
+
 def peak_rss_mb(pid: int) -> float:
     """The kernel's high-water mark of the process's resident set (VmHWM), in MiB."""
     with contextlib.suppress(OSError):

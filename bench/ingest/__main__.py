@@ -4,6 +4,10 @@ Targets, alternately in every round (the order rotates between rounds):
 
 - ``bare``: an aiohttp handler that reads the body and answers 200;
 - ``naive``: the same handler verifying the signature and doing one aiosqlite INSERT + commit;
+- ``grouped``: the same handler with the receiver's group commit into one table holding only the
+  id, the body and the time: the most any SQLite inbox could reach here (what the receiver's
+  own schema, its deliveries and ledger and indexes, costs is ``sqlite`` against it);
+  ``grouped-postgres`` the same on PostgreSQL (a fresh schema, dropped afterwards);
 - ``no-store``: ``receiver serve --role intake`` with a store that keeps nothing
   (:mod:`bench.ingest.no_store`): the receiver's ceiling here, whatever the store;
 - ``sqlite``: ``receiver serve --role intake`` on its SQLite inbox (``synchronous`` as asked,
@@ -60,11 +64,29 @@ from bench.common import (
 )
 from bench.ingest import slow_fsync
 from bench.ingest.report import NO_STORE, check, report
-from bench.proc import cpu_seconds
+from bench.proc import command_cpu_seconds, cpu_seconds
 from tests.support.helpers import adjacent_free_ports
 
 RECEIVERS = ("sqlite", "postgres", "sqlite-fsync", "sqlite-x2", "postgres-x2")
-TARGETS = ("bare", "naive", NO_STORE, "sqlite", "postgres", "naive-fsync", "sqlite-fsync")
+TARGETS = (
+    "bare",
+    "naive",
+    "grouped",
+    NO_STORE,
+    "sqlite",
+    "grouped-postgres",
+    "postgres",
+    "naive-fsync",
+    "sqlite-fsync",
+)
+# Each baseline target and its kind in bench.ingest.baselines.
+BASELINES = (
+    ("bare", "bare"),
+    ("naive", "sqlite"),
+    ("grouped", "grouped"),
+    ("grouped-postgres", "grouped-postgres"),
+    ("naive-fsync", "sqlite"),
+)
 # The receiver on SQLite with tracing on (sample_ratio 1.0), exporting to a collector stand-in.
 TRACED = "sqlite-traced"
 EVERY_TARGET = (*TARGETS, "sqlite-x2", "postgres-x2", TRACED)
@@ -76,6 +98,8 @@ POSTGRES_URL = os.environ.get(
 # Printed as ratios besides x bare and x no-store.
 COMPARISONS = (
     ("postgres", "sqlite"),
+    ("sqlite", "grouped"),
+    ("postgres", "grouped-postgres"),
     ("previous", "sqlite"),
     ("previous-no-store", NO_STORE),
     ("sqlite-fsync", "naive-fsync"),
@@ -129,7 +153,7 @@ def start_servers(
             # The receiver package of another checkout first on the path.
             server_env = {"PYTHONPATH": f"{args.previous}:{env['PYTHONPATH']}"}
         servers[name] = Server(name, command, port=port, cwd=directory, env=server_env)
-    for name, kind in (("bare", "bare"), ("naive", "sqlite"), ("naive-fsync", "sqlite")):
+    for name, kind in BASELINES:
         if name not in only:
             continue
         port = free_port()
@@ -144,6 +168,9 @@ def start_servers(
             "--synchronous",
             args.synchronous,
         )
+        if kind == "grouped-postgres":
+            schemas[name] = "receiver_bench_" + uuid.uuid4().hex[:12]
+            command += ["--postgres", POSTGRES_URL, "--schema", schemas[name]]
         server_env = {**env, **slow_disk} if name.endswith("-fsync") else env
         servers[name] = Server(name, command, port=port, cwd=work, env=server_env)
     try:
@@ -210,7 +237,9 @@ class Runner:
             self.pool_dir, f"{name}-{self.runs}", count, threads=self.args.threads, host=host
         )
         try:
+            db = "postgres" in name
             cpu_before = cpu_seconds(server.pid())
+            db_before = command_cpu_seconds("postgres") if db else 0.0
             result = run_wrk(
                 f"http://{host}/webhooks",
                 prefix,
@@ -220,6 +249,9 @@ class Runner:
             )
             cpu = cpu_seconds(server.pid()) - cpu_before
             result.cpu_us = cpu * 1e6 / result.requests if result.requests else 0.0
+            if db and result.requests:
+                db_cpu = command_cpu_seconds("postgres") - db_before
+                result.db_cpu_us = db_cpu * 1e6 / result.requests
         finally:
             for path in self.pool_dir.glob(f"{prefix.name}-*.bin"):
                 path.unlink()
@@ -272,9 +304,9 @@ def main(argv: list[str] | None = None) -> int:
             only = tuple(t for t in only if t != "previous-no-store")
     if unknown := set(only) - {*EVERY_TARGET, *PREVIOUS}:
         parser.error(f"unknown targets: {', '.join(sorted(unknown))}")
-    if any(t.startswith("postgres") for t in only) and not postgres_up():
+    if any("postgres" in t for t in only) and not postgres_up():
         print(f"  note: no PostgreSQL at {POSTGRES_URL}: the postgres targets are left out")
-        only = tuple(t for t in only if not t.startswith("postgres"))
+        only = tuple(t for t in only if "postgres" not in t)
     need_wrk()
     print(f"bench ingest: {machine_note(args.loop)}")
     print(
@@ -306,7 +338,12 @@ def main(argv: list[str] | None = None) -> int:
                         print(
                             f"  round {index + 1} {name:<17} {result.rps:>8,.0f} req/s  "
                             f"p50 {result.p50_ms:6.2f} ms  p99 {result.p99_ms:6.2f} ms  "
-                            f"non-2xx {result.failures}  CPU {result.cpu_us:4.0f} us/req",
+                            f"non-2xx {result.failures}  CPU {result.cpu_us:4.0f} us/req"
+                            + (
+                                f" + database {result.db_cpu_us:4.0f} us/req"
+                                if result.db_cpu_us is not None
+                                else ""
+                            ),
                             flush=True,
                         )
                 for name in (*RECEIVERS, "previous"):

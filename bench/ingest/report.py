@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from bench.common import Table, WrkResult, median
 
 NO_STORE = "no-store"
-BASELINES = ("bare", "naive", "naive-fsync")
+BASELINES = ("bare", "naive", "grouped", "grouped-postgres", "naive-fsync")
 # (figure, comparison, bound): each checked when the run measured it.
 TARGETS: tuple[tuple[str, str, float], ...] = (
     ("no-store/bare", ">=", 0.75),
@@ -66,6 +66,7 @@ def report(
             "p99 ms",
             "non-2xx",
             "CPU us/req",
+            "database CPU us/req",
             "x bare",
             "x no-store",
         ]
@@ -90,6 +91,9 @@ def report(
             spread([r.p99_ms for r in runs], "{:.1f}"),
             int(figures[f"{name}:non2xx"]),
             spread([r.cpu_us for r in runs]),
+            spread([r.db_cpu_us for r in runs if r.db_cpu_us is not None])
+            if any(r.db_cpu_us is not None for r in runs)
+            else "",
             *cells,
         )
     out(summary.render())
