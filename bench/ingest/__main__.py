@@ -225,6 +225,9 @@ class Runner:
         self.pool_dir = pool_dir
         self.rates: dict[str, float] = {}
         self.runs = 0
+        # Also the database server's CPU a request, for every target (not only those named
+        # postgres-something).
+        self.database_cpu = False
 
     def measure(
         self, name: str, server: Server, seconds: float, *, warmup: bool = False
@@ -237,7 +240,7 @@ class Runner:
             self.pool_dir, f"{name}-{self.runs}", count, threads=self.args.threads, host=host
         )
         try:
-            db = "postgres" in name
+            db = self.database_cpu or "postgres" in name
             cpu_before = cpu_seconds(server.pid())
             db_before = command_cpu_seconds("postgres") if db else 0.0
             result = run_wrk(

@@ -84,6 +84,7 @@ def ingest_at_scale(args: argparse.Namespace, work: Path, kind: str) -> dict[str
     shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
     pool_dir = Path(tempfile.mkdtemp(prefix="receiver-bench-", dir=shm))
     runner = Runner(args, pool_dir)
+    runner.database_cpu = kind == "postgres"
     results: dict[str, list[WrkResult]] = {"empty": [], "full": []}
     full = intake_server(work, "full", "inbox.db", args.loop, full_store).start()
     try:
@@ -105,7 +106,12 @@ def ingest_at_scale(args: argparse.Namespace, work: Path, kind: str) -> dict[str
                     print(
                         f"  round {index + 1} {name:<6} {result.rps:>8,.0f} req/s  "
                         f"p50 {result.p50_ms:6.2f} ms  p99 {result.p99_ms:6.2f} ms  "
-                        f"non-2xx {result.failures}  CPU {result.cpu_us:4.0f} us/req",
+                        f"non-2xx {result.failures}  CPU {result.cpu_us:4.0f} us/req"
+                        + (
+                            f" + database {result.db_cpu_us:4.0f} us/req"
+                            if result.db_cpu_us is not None
+                            else ""
+                        ),
                         flush=True,
                     )
             finally:
@@ -115,9 +121,9 @@ def ingest_at_scale(args: argparse.Namespace, work: Path, kind: str) -> dict[str
         shutil.rmtree(pool_dir, ignore_errors=True)
         for schema in schemas:
             postgres.drop(POSTGRES_URL, schema)
-    table = Table(
-        ["inbox", "req/s median (min-max)", "p50 ms", "p99 ms", "non-2xx", "receiver CPU us/req"]
-    )
+    columns = ["inbox", "req/s median (min-max)", "p50 ms", "p99 ms", "non-2xx"]
+    columns += ["receiver CPU us/req", "database CPU us/req"]
+    table = Table(columns if kind == "postgres" else columns[:-1])
     for name, runs in results.items():
         table.add(
             f"{args.stored:,} stored" if name == "full" else "empty",
@@ -126,15 +132,22 @@ def ingest_at_scale(args: argparse.Namespace, work: Path, kind: str) -> dict[str
             spread([r.p99_ms for r in runs], "{:.1f}"),
             sum(r.failures for r in runs),
             spread([r.cpu_us for r in runs]),
+            *([spread([r.db_cpu_us or 0.0 for r in runs])] if kind == "postgres" else []),
         )
     print(table.render())
     ratios = [f.rps / e.rps for f, e in zip(results["full"], results["empty"], strict=True)]
     ratio = median(ratios)
     cpu = [f.cpu_us / e.cpu_us for f, e in zip(results["full"], results["empty"], strict=True)]
+    db_cpu = [
+        f.db_cpu_us / e.db_cpu_us
+        for f, e in zip(results["full"], results["empty"], strict=True)
+        if f.db_cpu_us and e.db_cpu_us
+    ]
     print(
         f"{'PASS' if ratio >= TARGET_RATIO else 'MISS'}  {kind} full / empty: {ratio:.2f}x "
         f"(per round {', '.join(f'{r:.2f}' for r in ratios)}; target >= {TARGET_RATIO}); "
         f"CPU a webhook full / empty {median(cpu):.2f}x"
+        + (f", the database's {median(db_cpu):.2f}x" if db_cpu else "")
     )
     return {f"{kind}_scale_ratio": ratio}
 
