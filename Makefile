@@ -202,7 +202,7 @@ bench-tools:  ## wrk and gcc (for bench-ingest's slow-disk shim), from the distr
 		sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 		$$sudo apt-get update && $$sudo apt-get install -y wrk gcc; }
 
-bench-ingest: $(VENV)/.installed-bench bench-tools  ## intake on SQLite and Postgres vs a bare handler, per-request commits and storing nothing; SQLite and per-request commits on a disk adding 2 ms a sync
+bench-ingest: $(VENV)/.installed-bench bench-tools  ## intake on SQLite and Postgres vs a bare handler, per-request commits, the least inbox on each database and storing nothing; SQLite and per-request commits on a disk adding 2 ms a sync
 	$(BIN)/python -m bench.ingest $(BENCH_ARGS)
 
 bench-tracing: $(VENV)/.installed-bench bench-tools  ## intake on SQLite with tracing on (sample_ratio 1.0, spans exported) vs off

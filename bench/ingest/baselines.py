@@ -15,7 +15,7 @@
 - ``grouped-postgres``: the same on PostgreSQL (asyncpg, one statement a group, two groups in
   flight, as the receiver's Postgres intake), in a schema of its own.
 
-Both run on the same event loop as ``receiver serve`` (uvloop when installed), so the
+All run on the same event loop as ``receiver serve`` (uvloop when installed), so the
 comparison measures the handlers, not the loops::
 
     python -m bench.ingest.baselines bare --port 8081
