@@ -196,6 +196,13 @@ class WrkResult:
     # The database server's CPU a request (every ``postgres`` process), for Postgres targets.
     db_cpu_us: float | None = None
 
+    def cpu_text(self) -> str:
+        """``CPU ... us/req``, with the database's share when measured (for progress lines)."""
+        text = f"CPU {self.cpu_us:4.0f} us/req"
+        if self.db_cpu_us is not None:
+            text += f" + database {self.db_cpu_us:4.0f} us/req"
+        return text
+
     @property
     def rps(self) -> float:
         return self.requests / self.seconds if self.seconds else 0.0

@@ -106,12 +106,7 @@ def ingest_at_scale(args: argparse.Namespace, work: Path, kind: str) -> dict[str
                     print(
                         f"  round {index + 1} {name:<6} {result.rps:>8,.0f} req/s  "
                         f"p50 {result.p50_ms:6.2f} ms  p99 {result.p99_ms:6.2f} ms  "
-                        f"non-2xx {result.failures}  CPU {result.cpu_us:4.0f} us/req"
-                        + (
-                            f" + database {result.db_cpu_us:4.0f} us/req"
-                            if result.db_cpu_us is not None
-                            else ""
-                        ),
+                        f"non-2xx {result.failures}  {result.cpu_text()}",
                         flush=True,
                     )
             finally:
