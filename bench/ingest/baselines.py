@@ -48,6 +48,8 @@ INSERT = "INSERT INTO events (id, body, received_at) VALUES (?, ?, ?)"
 # A group goes in with one multi-row statement a chunk, answering the ids it inserted.
 INSERT_NEW = "INSERT OR IGNORE INTO events (id, body, received_at) VALUES {rows} RETURNING id"
 CHUNK = 256
+#: One stored event of the group-commit baselines: its id, body and time of arrival.
+Row = tuple[str, bytes, float]
 
 
 async def healthz(_request: web.Request) -> web.Response:
@@ -91,7 +93,7 @@ async def sqlite_app(db_path: str, synchronous: str) -> web.Application:
     return app
 
 
-def _write_group(conn: sqlite3.Connection, rows: list[tuple[str, bytes, float]]) -> list[bool]:
+def _write_group(conn: sqlite3.Connection, rows: list[Row]) -> list[bool]:
     """One group's transaction, on the connection's thread: each row, whether it was new."""
     inserted: set[str] = set()
     conn.execute("BEGIN IMMEDIATE")
@@ -130,7 +132,7 @@ def signed_event(body: bytes, header: str | None) -> str | None:
 
 
 def grouped_handler(
-    groups: GroupCommit[tuple[str, bytes, float], bool],
+    groups: GroupCommit[Row, bool],
 ) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def handle(request: web.Request) -> web.Response:
         body = await request.read()
@@ -144,7 +146,7 @@ def grouped_handler(
 
 
 def grouped_web_app(
-    groups: GroupCommit[tuple[str, bytes, float], bool], close: Callable[[], Awaitable[None]]
+    groups: GroupCommit[Row, bool], close: Callable[[], Awaitable[None]]
 ) -> web.Application:
     async def cleanup(_app: web.Application) -> None:
         await groups.drain()
@@ -169,15 +171,13 @@ async def grouped_postgres_app(url: str, schema: str) -> web.Application:
         url, min_size=2, max_size=2, server_settings={"search_path": f'"{schema}"'}
     )
 
-    async def write_rows(rows: list[tuple[str, bytes, float]]) -> list[bool]:
+    async def write_rows(rows: list[Row]) -> list[bool]:
         ids, bodies, times = zip(*rows, strict=True)
         async with pool.acquire() as db:
             inserted = {r[0] for r in await db.fetch(INSERT_NEW_PG, ids, bodies, times)}
         return [row[0] in inserted for row in rows]
 
-    groups: GroupCommit[tuple[str, bytes, float], bool] = GroupCommit(
-        write_rows, max_batch=1000, max_in_flight=2
-    )
+    groups: GroupCommit[Row, bool] = GroupCommit(write_rows, max_batch=1000, max_in_flight=2)
     return grouped_web_app(groups, pool.close)
 
 
@@ -187,13 +187,13 @@ async def grouped_app(db_path: str, synchronous: str) -> web.Application:
     await db.execute(f"PRAGMA synchronous = {synchronous.upper()}")
     await db.execute(CREATE)
 
-    async def write_rows(rows: list[tuple[str, bytes, float]]) -> list[bool]:
+    async def write_rows(rows: list[Row]) -> list[bool]:
         result: list[bool] = await db._execute(  # type: ignore[no-untyped-call]
             _write_group, db._conn, rows
         )
         return result
 
-    groups: GroupCommit[tuple[str, bytes, float], bool] = GroupCommit(write_rows, max_batch=1000)
+    groups: GroupCommit[Row, bool] = GroupCommit(write_rows, max_batch=1000)
     return grouped_web_app(groups, db.close)
 
 
