@@ -188,7 +188,7 @@ test-postgres: $(VENV)/.installed-dev  ## the Postgres tests alone (PostgreSQL o
 # options through (e.g. `make bench-ingest BENCH_ARGS="--rounds 5 --loop asyncio"`).
 .PHONY: bench bench-ingest bench-scale bench-e2e bench-lanes bench-web bench-redeliver bench-tools fuzz
 .PHONY: bench-steps bench-profile bench-tracing
-.PHONY: fuzz-webhook
+.PHONY: fuzz-webhook test-durability
 BENCH_ARGS ?=
 FUZZ_EXAMPLES ?= 100000
 WEBHOOK_EXAMPLES ?= 2000
@@ -235,6 +235,11 @@ bench: bench-ingest bench-scale bench-e2e bench-lanes bench-web  ## every benchm
 fuzz: $(VENV)/.installed-dev  ## the webhook fuzz test, FUZZ_EXAMPLES requests (default 100000)
 	RECEIVER_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/pytest tests/hostile/test_fuzz_webhook.py \
 		-q -s -p no:cacheprovider -o timeout=0
+
+DURABILITY_RUNS ?= 20
+test-durability: $(VENV)/.installed-dev  ## kill -9 of a SQLite receiver while commands run beside it, DURABILITY_RUNS times (default 20)
+	RECEIVER_DURABILITY_RUNS=$(DURABILITY_RUNS) $(BIN)/pytest -q -p no:cacheprovider \
+		tests/faults/test_commands_beside_serve.py
 
 fuzz-webhook: $(VENV)/.installed-dev  ## signed bodies of any JSON, WEBHOOK_EXAMPLES random ones per inbox backend (default 2000)
 	RECEIVER_HYPOTHESIS_EXAMPLES=$(WEBHOOK_EXAMPLES) $(BIN)/pytest \

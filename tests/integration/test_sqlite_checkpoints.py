@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import sqlite3
+import subprocess
+import sys
 from contextlib import closing
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from receiver.config import StoreSettings
 from receiver.store import NewEvent
 from receiver.store.sqlite import SqliteStore
 from tests.support.helpers import wait_for
+from tests.support.sqlite_files import deleted_inbox_files, locks_on
 
 BODY = b"x" * 800
 
@@ -35,7 +37,9 @@ def event(n: int) -> NewEvent:
 def events_in_main_file(db: Path, scratch: Path) -> int:
     """Events in the database file alone, as if its WAL were lost (a copy without the WAL)."""
     copy = scratch / "main-only.db"
-    shutil.copyfile(db, copy)
+    # Copied by another process: a descriptor of the inbox opened and closed here would drop
+    # this process's SQLite locks on it (see the test of that below).
+    subprocess.run(["cp", str(db), str(copy)], check=True)
     with closing(sqlite3.connect(copy)) as conn:
         try:
             return int(conn.execute("SELECT count(*) FROM events").fetchone()[0])
@@ -93,31 +97,41 @@ async def test_commits_never_checkpoint_but_finish_a_long_wal(
         await store.close()
 
 
-async def test_the_checkpointer_syncs_the_pages_it_copies(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Pages a background checkpoint copied are synced by it, off the commit path, not left for
-    the writer's WAL-restarting checkpoint to flush while intake waits."""
-    from receiver.store.sqlite import checkpoints as sqlite_checkpoints
-
-    synced: list[str] = []
-    real = sqlite_checkpoints.os.fdatasync
-
-    def fdatasync(fd: int) -> None:
-        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
-        real(fd)
-
-    monkeypatch.setattr(sqlite_checkpoints.os, "fdatasync", fdatasync)
+async def test_another_process_closing_the_file_leaves_our_wal_alone(tmp_path: Path) -> None:
+    """Once the background checkpoint has copied pages into the database file, other processes
+    opening and closing the inbox (the commands an operator runs) must not find this process
+    gone: SQLite's last connection deletes the WAL, and every later commit of this process would
+    go to a deleted file. That happened while the checkpointer synced the file through a
+    descriptor of its own, whose close dropped this process's locks on it."""
     db = tmp_path / "inbox.db"
     store = SqliteStore(StoreSettings(url=f"sqlite:///{db}"))
     await store.open()
     try:
+        empty = db.stat().st_size
         await asyncio.gather(*(store.add_event(event(n)) for n in range(600)))
 
-        async def synced_once() -> bool:
-            return str(db) in synced
+        async def checkpointed() -> bool:
+            return db.stat().st_size > empty  # the checkpointer copied pages into the file
 
-        await wait_for(synced_once, 10, 0.05, "the checkpointer to sync the database file")
-        assert events_in_main_file(db, tmp_path) == 600
+        await wait_for(checkpointed, 10, 0.02, "the background checkpoint")
+        for _ in range(3):
+            assert count_from_another_process(db) >= 600
+            assert Path(f"{db}-wal").exists()
+            assert not deleted_inbox_files("self", db)
+            assert locks_on(os.getpid(), db), "this process lost its lock on the file"
+        await asyncio.gather(*(store.add_event(event(n)) for n in range(600, 700)))
+        assert count_from_another_process(db) == 700
     finally:
         await store.close()
+
+
+def count_from_another_process(db: Path) -> int:
+    """``SELECT count(*) FROM events`` in a process of its own, which opens and closes the file."""
+    script = (
+        "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); "
+        "print(c.execute('SELECT count(*) FROM events').fetchone()[0]); c.close()"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(db)], capture_output=True, text=True, check=True
+    )
+    return int(done.stdout)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,8 +19,15 @@ if TYPE_CHECKING:
 
 
 # Checkpoints run on their own connection, once this many events and jobs were written since the
-# last one, or at least every CHECKPOINT_INTERVAL_SECONDS when anything was: each checkpoint
-# ends with an fsync of the database file, which every other fsync on the disk waits behind.
+# last one, or at least every CHECKPOINT_INTERVAL_SECONDS when anything was: a checkpoint that
+# reaches the WAL's end ends with an fsync of the database file, which every other fsync on the
+# disk waits behind.
+#
+# Nothing here (nor anywhere in the receiver) opens the database, -wal or -shm file through a
+# descriptor of its own: closing any descriptor of a file drops every POSIX lock this process
+# holds on it, SQLite's included. Another process closing its last connection would then take
+# this one for gone and delete the WAL it still writes into (SQLite's "How To Corrupt An SQLite
+# Database File", 2.2.1). Only SQLite's own connections touch those files.
 CHECKPOINT_EVERY_ITEMS = 500
 CHECKPOINT_INTERVAL_SECONDS = 1.0
 CHECKPOINT_RETRY_SECONDS = 0.05
@@ -70,8 +76,6 @@ class SqliteCheckpoints:
                     conn = None  # the writers report the fault; try again later
                     self._since_checkpoint += 1
                     continue
-                if copied:
-                    await asyncio.to_thread(_sync_file, self.path)
                 self._wal_long = wal_pages >= WAL_RESTART_PAGES
                 if copied < wal_pages and self._since_checkpoint:
                     # Behind a busy writer: go again soon, without waiting for the next batch.
@@ -106,22 +110,3 @@ class SqliteCheckpoints:
             "user_version": version,
             "temp_store": {0: "default", 1: "file", 2: "memory"}.get(temp, temp),
         }
-
-
-def _sync_file(path: Path) -> None:
-    """fdatasync the database file, after a background checkpoint copied pages into it.
-
-    SQLite syncs the database file only when a checkpoint ends at the WAL's last frame. Under
-    constant load the background checkpoint never does (commits append while it copies), so
-    the pages it copies stay unsynced until the writer's own checkpoint between two groups,
-    whose sync then flushes all of them while every webhook waits for the writer: on an inbox
-    of a million events about 0.3 s, every two seconds. Synced here, off the commit path, that
-    checkpoint only syncs its own last pages (30 to 50 ms). Only forces to disk what is already
-    written; when it fails, the checkpoint's own sync still does it later.
-    """
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            os.fdatasync(fd)
-        finally:
-            os.close(fd)
