@@ -62,6 +62,8 @@ class Runtime:
     """Every resource of one receiver process, opened with ``async with``.
 
     ``store`` and ``sinks`` may be passed in (tests); otherwise they come from the settings.
+    ``check_store``: check the inbox file at open, and mend its indexes (the process that
+    serves, see :func:`receiver.store.open_store`).
     """
 
     def __init__(
@@ -74,13 +76,14 @@ class Runtime:
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.time,
         tracing: Tracing | None = None,
+        check_store: bool = False,
     ) -> None:
         self.settings = settings
         self.role = role
         self.metrics = metrics or Metrics()
         self.clock = clock
         self.secrets = SecretBox(settings.webhook)
-        self.store: Store = store or open_store(settings.store)
+        self.store: Store = store or open_store(settings.store, check=check_store)
         self._given_sinks = sinks
         self.sinks: list[Sink] = []
         self.session: aiohttp.ClientSession | None = None

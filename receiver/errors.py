@@ -9,7 +9,8 @@ talks to the library, so callers never see a driver's exception::
     ├── SignatureError              a webhook whose signature does not verify (has ``outcome``)
     ├── PayloadError                a verified webhook whose body is not a valid event
     ├── StoreError                  the inbox could not be read or written
-    │   └── StoreUnavailable        the store is down or read-only; intake answers 503
+    │   ├── StoreUnavailable        the store is down or read-only; intake answers 503
+    │   └── StoreDamaged            the SQLite inbox's file is damaged: the receiver does not start
     ├── UnknownEvent                no event with that id in the inbox
     └── DeliveryError               one processing attempt failed (has ``retry_after``)
         ├── TransientError          worth retrying with backoff (5xx, 429, timeouts, not ready)
@@ -62,6 +63,10 @@ class StoreError(ReceiverError):
 
 class StoreUnavailable(StoreError):
     """The inbox is unavailable."""
+
+
+class StoreDamaged(StoreError):
+    """The inbox's file is damaged beyond what the receiver repairs at start."""
 
 
 class UnknownEvent(ReceiverError):

@@ -51,7 +51,9 @@ async def serve(settings: Settings, *, role: Role = "all", process_index: int = 
         structlog.contextvars.bind_contextvars(process=process_index)
     ops_port = admin_port(settings, process_index)
     others: IntakeProcesses | None = None
-    async with Runtime(settings, role=role) as runtime:
+    # The first process checks the inbox file (and mends its indexes); the intake processes it
+    # starts afterwards open the file it has just checked.
+    async with Runtime(settings, role=role, check_store=process_index == 0) as runtime:
         loop.add_signal_handler(signal.SIGHUP, lambda: _reload_secrets(runtime))
         runners: list[web.AppRunner] = []  # the public one(s), then the ops one
         try:

@@ -29,8 +29,11 @@ __all__ = [
 POSTGRES_MISSING = "store.url: the postgres store needs an optional library; "
 
 
-def open_store(settings: StoreSettings) -> Store:
-    """Build (not yet open) the store ``settings.url`` names; call ``await store.open()``."""
+def open_store(settings: StoreSettings, *, check: bool = False) -> Store:
+    """Build (not yet open) the store ``settings.url`` names; call ``await store.open()``.
+
+    ``check`` is for the process that serves (never a command): a SQLite inbox is then checked
+    at open, and its indexes rebuilt if they alone are damaged (:mod:`.sqlite.health`)."""
     url = settings.url
     if url.startswith("memory://"):
         from receiver.store.memory import MemoryStore
@@ -39,7 +42,7 @@ def open_store(settings: StoreSettings) -> Store:
     if url.startswith("sqlite:"):
         from receiver.store.sqlite import SqliteStore
 
-        return SqliteStore(settings)
+        return SqliteStore(settings, check=check)
     if url.startswith(("postgresql://", "postgres://")):
         try:
             module = importlib.import_module("receiver.store.postgres")

@@ -51,6 +51,7 @@ from receiver.store.sqlite.faults import (
     _is_busy,
     _unavailable,
 )
+from receiver.store.sqlite.health import check_inbox
 from receiver.store.sqlite.intake import ROWS_PER_STATEMENT, _Add, write_group
 from receiver.store.sqlite.lanes import SqliteLanes
 from receiver.store.sqlite.migrate import SqliteMigrations
@@ -138,8 +139,10 @@ class SqliteStore(SqlLanes, SqlBrowse, SqlPull, SqlSteps, SqliteCheckpoints, Sql
         path: str | Path | None = None,
         busy_timeout: float = 5.0,
         max_batch: int = 1000,
+        check: bool = False,
     ) -> None:
         self.settings = settings
+        self.check = check  # the serving process: check (and mend) the file first (.health)
         self.path = Path(path) if path is not None else sqlite_path(settings.url)
         self.busy_timeout = busy_timeout
         self.max_batch = max(1, max_batch)
@@ -171,6 +174,8 @@ class SqliteStore(SqlLanes, SqlBrowse, SqlPull, SqlSteps, SqliteCheckpoints, Sql
         try:
             await asyncio.to_thread(self.path.parent.mkdir, parents=True, exist_ok=True)
             self._turns.open()
+            if self.check:
+                await check_inbox(self.path, self._turns, busy_timeout=self.busy_timeout)
             async with self._turns:  # processes starting together switch to WAL and migrate in turn
                 self._intake = await self._open_intake()
             self._work = await self._connect()
