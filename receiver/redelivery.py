@@ -6,7 +6,9 @@ dead-letter group, every dead letter) and ``events redeliver``. :func:`start` st
 and queues its first step at once (a small batch is then queued already); the
 :class:`Redeliverer` of every running receiver (any replica) queues the rest, step by step, and
 marks batches done once none of their deliveries is pending. The lanes send what was queued at
-their own pace and rate.
+their own pace and rate. A cancel (``Store.cancel_redelivery``) withdraws at once what no lane
+has started to send; closing a cancelled batch withdraws what a send in flight then left
+waiting for a retry.
 """
 
 from __future__ import annotations
@@ -163,8 +165,8 @@ class Redeliverer:
                 await asyncio.sleep(self._poll)
 
     async def tick(self) -> bool:
-        """One step of every queuing batch, then finish those with nothing pending; whether any
-        batch is still queuing."""
+        """One step of every queuing batch, then finish those with nothing pending (a cancelled
+        one after withdrawing what waits for a retry); whether any batch is still queuing."""
         queuing = await self._store.queuing_redeliveries()
         for batch_id in queuing:
             started = time.monotonic()
@@ -185,6 +187,7 @@ class Redeliverer:
                     queued=batch.queued,
                     delivered=p.delivered,
                     failed=p.failed,
+                    withdrawn=batch.withdrawn,
                 )
         return bool(queuing)
 

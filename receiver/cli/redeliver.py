@@ -3,9 +3,9 @@
 ``receiver redeliver [filters] [--dry-run]`` stores a batch in the inbox (or, with
 ``--dry-run``, only counts and shows a few); the running receiver, any replica, queues it step by
 step through each sink's lane at its own pace. On a terminal the command then follows its
-progress with a bar (Ctrl-C stops following, not the batch). ``redeliver status [ID]`` and
-``redeliver cancel ID`` read and stop batches. A mistake in a filter, or an unknown batch, is one
-stderr line and exit 2.
+progress with a bar (Ctrl-C stops following, not the batch). ``redeliver status [ID]`` reads
+batches; ``redeliver cancel ID`` stops one and withdraws what no lane has started to send. A
+mistake in a filter, or an unknown batch, is one stderr line and exit 2.
 """
 
 from __future__ import annotations
@@ -67,7 +67,9 @@ def add_parser(commands: Any) -> None:
     status = with_config(sub.add_parser("status", help="a batch's progress, or every batch"))
     status.add_argument("id", nargs="?", help="the batch id")
     status.add_argument("--json", action="store_true", help="as JSON")
-    cancel = with_config(sub.add_parser("cancel", help="stop a batch queuing"))
+    cancel = with_config(
+        sub.add_parser("cancel", help="stop a batch: withdraw what no lane has started to send")
+    )
     cancel.add_argument("id", help="the batch id")
 
 
@@ -103,7 +105,7 @@ async def _run(settings: Settings, args: argparse.Namespace) -> int:
                 batch = await store.cancel_redelivery(args.id, now=now)
             except UnknownBatch:
                 raise Usage(f"no redelivery batch {args.id!r}") from None
-            print(f"batch {batch.id}: {batch.state}; queued {batch.queued} of {batch.matched}")
+            print(cancelled(batch))
             return 0
         assert flt is not None
         if args.dry_run:
@@ -172,6 +174,18 @@ async def _status(store: Store, args: argparse.Namespace) -> int:
     return 0
 
 
+def cancelled(batch: RedeliveryBatch) -> str:
+    """What a cancel did: ``batch ID: cancelled; 123 deliveries withdrawn, 4 in flight may
+    still complete``, or that the batch had finished already."""
+    if batch.state != "cancelled":
+        return f"batch {batch.id}: {batch.state} already; queued {batch.queued} of {batch.matched}"
+    withdrawn = f"{batch.withdrawn} deliver{'y' if batch.withdrawn == 1 else 'ies'} withdrawn"
+    pending = batch.progress.pending
+    if batch.finished_at is not None or not pending:
+        return f"batch {batch.id}: cancelled; {withdrawn}, none in flight"
+    return f"batch {batch.id}: cancelled; {withdrawn}, {pending} in flight may still complete"
+
+
 def describe(batch: RedeliveryBatch) -> str:
     """A batch's progress in a few lines."""
     p = batch.progress
@@ -184,7 +198,10 @@ def describe(batch: RedeliveryBatch) -> str:
         f"  started {iso_utc(batch.created_at)} by {batch.created_by}",
     ]
     if batch.cancelled_at:
-        lines.append(f"  cancelled {iso_utc(batch.cancelled_at)}")
+        lines.append(
+            f"  cancelled {iso_utc(batch.cancelled_at)}; {batch.withdrawn} withdrawn"
+            " (put back as they were before the batch)"
+        )
     if batch.finished_at:
         lines.append(f"  finished {iso_utc(batch.finished_at)}")
     return "\n".join(lines)

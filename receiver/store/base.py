@@ -223,7 +223,9 @@ class Store(PullStore, Protocol):
 
     async def finish_redeliveries(self, *, now: float) -> BatchIds:
         """Mark done (keeping their counts) the queued batches none of whose deliveries is
-        pending any more, and close cancelled ones likewise; their ids."""
+        pending any more, and close cancelled ones likewise; their ids. A cancelled batch first
+        withdraws, as its cancel did, what an attempt in flight at the cancel left waiting for
+        a retry."""
 
     async def queuing_redeliveries(self) -> BatchIds:
         """The ids of the running batches still queuing."""
@@ -235,8 +237,15 @@ class Store(PullStore, Protocol):
         """The newest batches first, with their progress."""
 
     async def cancel_redelivery(self, batch_id: str, *, now: float) -> RedeliveryBatch:
-        """Stop a running batch queuing (what it queued may still go out); raises
-        UnknownBatch. A batch already done or cancelled is left as it is."""
+        """Cancel a running batch: it queues nothing more, and every delivery it queued that
+        is still pending and not leased at ``now`` (no lane has started to send it) is put back
+        as it was before the batch (state, attempts, due time, last error, the batch that had
+        it; its event's enrichment when nothing of it is pending any more) and is no longer the
+        batch's; the batch's ``withdrawn`` counts them. The cancel and the first of them are one
+        transaction; a large batch's rest follows in short ones before this returns, and no lane
+        claims any of them meanwhile. Deliveries in flight may still complete and count. Raises
+        UnknownBatch. A finished batch (done, or cancelled and closed) is left as it is;
+        cancelling a cancelled one withdraws again."""
 
     async def pause_lane(
         self, sink: str, *, until: float | None, reason: str | None, now: float

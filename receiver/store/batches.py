@@ -6,12 +6,24 @@ who asked and when, and its progress. The running receiver (any replica) carries
 the batch's cursor, and makes their matching deliveries pending and due now, marked with the
 batch's id, in one short transaction; the lanes then send them at their own pace. Once every
 event was looked at, the batch is *queued*; once none of its deliveries is pending any more it is
-*done* and its counts are kept with it. A cancelled batch queues nothing more.
+*done* and its counts are kept with it.
+
+A cancelled batch queues nothing more and *withdraws* what no lane has started to send: each
+delivery a step queues keeps what it was before (``before_batch``: its state, attempts, due
+time, last error, the batch that had it, and its event's enrichment when the step had the job
+fetched again), and the cancel puts every one of its deliveries that is still pending and not
+leased back as it was; ``withdrawn`` counts them. The cancel itself and the first
+:data:`WITHDRAW_DELIVERIES` deliveries are one transaction (a whole batch of ordinary size);
+a larger batch's rest follows in further transactions of that size before the cancel answers,
+and no lane claims any of them meanwhile (a claim passes over a cancelled batch's deliveries
+that are kept to be put back). Only sends in flight at the cancel may still complete; one that
+fails and waits for a retry is withdrawn when its batch is closed.
 
 Progress: ``matched`` (counted when the batch was made; set to ``queued`` once queuing ends),
-``queued`` (made pending by the batch), and of those, by their state now, ``delivered``
-(done), ``failed`` (dead), ``skipped`` (the fresh job showed the sink's filter does not match)
-and ``pending``. A delivery another batch takes later counts for that batch.
+``queued`` (made pending by the batch), ``withdrawn`` (of those, put back by a cancel: no longer
+the batch's), and of the rest, by their state now, ``delivered`` (done), ``failed`` (dead),
+``skipped`` (the fresh job showed the sink's filter does not match) and ``pending``. A delivery
+another batch takes later counts for that batch.
 
 The SQL backends select with :mod:`receiver.store.sql.batches`; :func:`delivery_matches` and
 :func:`event_matches` are the memory store's version of the same rules. This module imports
@@ -34,6 +46,9 @@ BatchState = Literal["running", "done", "cancelled"]
 BATCH_STATES: tuple[BatchState, ...] = ("running", "done", "cancelled")
 #: Events one step looks at, at most: one short transaction, whatever the batch's size.
 STEP_EVENTS = 250
+#: Deliveries one transaction of a cancel puts back, about (with the rest of their events'):
+#: a fraction of a second, even on SQLite, whose writer intake waits for.
+WITHDRAW_DELIVERIES = 2000
 
 
 class UnknownBatch(LookupError):
@@ -138,6 +153,7 @@ class RedeliveryBatch:
     queued_at: float | None = None
     finished_at: float | None = None
     cancelled_at: float | None = None
+    withdrawn: int = 0
 
     @property
     def queuing(self) -> bool:
@@ -158,6 +174,7 @@ class RedeliveryBatch:
             "failed": p.failed,
             "skipped": p.skipped,
             "pending": p.pending,
+            "withdrawn": self.withdrawn,
             "queued_at": self.queued_at,
             "finished_at": self.finished_at,
             "cancelled_at": self.cancelled_at,
@@ -171,7 +188,7 @@ BatchIds = list[str]
 # The columns the SQL backends select a batch in, so one function maps rows to batches.
 BATCH_COLUMNS = (
     "id, filter, created_by, created_at, state, matched, queued, cursor, queued_at, "
-    "finished_at, cancelled_at, delivered, failed, skipped"
+    "finished_at, cancelled_at, delivered, failed, skipped, withdrawn"
 )
 
 
@@ -192,6 +209,7 @@ def batch_record(row: Any, live: Progress | None = None) -> RedeliveryBatch:
         finished_at=row[9],
         cancelled_at=row[10],
         progress=kept or live or Progress(),
+        withdrawn=row[14] or 0,
     )
 
 

@@ -1,11 +1,13 @@
 """Operating a real Runtime through an incident: a lane paused and resumed (its deliveries
 wait, then all arrive, none dead), and redelivery batches through the admin API (dry run,
-start, progress to done, cancel; bad input answered 400 naming the field, unknown ids 404).
+start, progress to done, cancel; bad input answered 400 naming the field, unknown ids 404; a
+cancel into a paced lane: only the sends in flight arrive after it, the rest are dead again).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -173,6 +175,72 @@ async def test_a_batch_through_the_admin_api(receiver, upstream, captures, aioht
     ):
         assert answer.status == 404
         assert (await answer.json())["error"]["code"] == "not_found"
+
+
+async def test_a_cancel_withdraws_what_a_paced_lane_has_not_started_to_send(
+    receiver, upstream, captures, aiohttp_client
+):
+    sink = await captures()
+    sink.status = 410  # gone: each delivery dead at its first attempt
+    options = {"concurrency": 2, "rate_limit_per_second": 10, "max_attempts": 1}
+    runtime, client = await receiver([http("paced", sink, **options)])
+    ops = await aiohttp_client(runtime.ops_app())
+    payloads = [upstream.add_job("image") for _ in range(30)]
+    for payload in payloads:
+        await send(client, payload)
+    ids = [p["id"] for p in payloads]
+
+    async def all_dead() -> bool:
+        return await states_of(runtime, ids, "paced") == [("dead", 1)] * len(ids)
+
+    await wait_for(all_dead, 30, what="every delivery dead")
+    dead = {i: await runtime.store.get(i) for i in ids}
+    refused = len(sink.times)
+    sink.status = 200
+
+    started = await ops.post("/admin/redeliveries", json={"sinks": ["paced"]})
+    assert started.status == 202
+    batch = await started.json()
+    assert (batch["matched"], batch["queued"]) == (30, 30)
+
+    async def some_sent() -> bool:
+        return len(sink.times) >= refused + 3
+
+    await wait_for(some_sent, 10, what="the paced lane to send a few")
+    sink.hold = asyncio.Event()  # the next sends stay in flight until released
+
+    async def lane_full() -> bool:
+        return sink.in_flight == options["concurrency"]
+
+    await wait_for(lane_full, 10, what="two sends in flight")
+    answer = await ops.post(f"/admin/redeliveries/{batch['id']}/cancel")
+    answered = time.monotonic()
+    cancelled = await answer.json()
+    sink.hold.set()
+    assert cancelled["state"] == "cancelled"
+    in_flight = cancelled["pending"]
+    assert in_flight == options["concurrency"]  # left to complete
+    assert cancelled["withdrawn"] + cancelled["delivered"] + in_flight == 30
+
+    async def closed() -> bool:
+        shown = await (await ops.get(f"/admin/redeliveries/{batch['id']}")).json()
+        return shown["finished_at"] is not None
+
+    await wait_for(closed, 10, what="the cancelled batch closed")
+    await asyncio.sleep(max(0.0, answered + 2.0 - time.monotonic()))  # a window of 2 s at least
+    late = [t for t in sink.times if t > answered]
+    print(f"sends after the cancel: {len(late)} (in flight then: {in_flight})")
+    assert len(late) <= in_flight
+
+    shown = await (await ops.get(f"/admin/redeliveries/{batch['id']}")).json()
+    sent = len(sink.times) - refused
+    assert (shown["state"], shown["delivered"], shown["failed"]) == ("cancelled", sent, 0)
+    assert shown["withdrawn"] == 30 - sent == cancelled["withdrawn"]
+    states = await states_of(runtime, ids, "paced")
+    assert sorted(states) == [("dead", 1)] * (30 - sent) + [("done", 1)] * sent
+    for event_id, (state, _attempts) in zip(ids, states, strict=True):
+        if state == "dead":  # as it was: the same error, attempts and times
+            assert await runtime.store.get(event_id) == dead[event_id]
 
 
 async def test_a_pause_and_a_resume_answer_even_when_the_backlog_cannot_be_counted(

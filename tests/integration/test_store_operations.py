@@ -177,13 +177,15 @@ async def test_cancel_stops_queuing_at_once(store: Store) -> None:
     await fill(store)
     await store.create_redelivery(RedeliveryFilter(), batch_id="b1", created_by="t", now=NOW)
     assert await store.step_redelivery("b1", limit=1, now=NOW) == 1  # ev-0
+    assert await claim(store, "alpha", now=NOW) == ["ev-0"]  # in flight: left to complete
     cancelled = await store.cancel_redelivery("b1", now=NOW + 1)
     assert (cancelled.state, cancelled.cancelled_at, cancelled.queued) == ("cancelled", NOW + 1, 1)
+    assert (cancelled.withdrawn, cancelled.progress.pending) == (0, 1)
     assert await store.step_redelivery("b1", limit=10, now=NOW + 2) is None
     assert await store.queuing_redeliveries() == []
     record = await store.get("ev-2")
     assert record is not None and states(record)["alpha"] == "dead"
-    # What it queued goes out; then it is closed, still cancelled, its counts kept.
+    # The send in flight completes; then it is closed, still cancelled, its counts kept.
     await store.settle("ev-0", "alpha", Outcome("done"), now=NOW + 3)
     assert await store.finish_redeliveries(now=NOW + 4) == ["b1"]
     closed = await store.redelivery("b1")

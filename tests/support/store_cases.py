@@ -60,3 +60,19 @@ async def redeliver(store: Any, *, now: float, **fields: Any) -> int:
         fields["sinks"] = tuple(fields["sinks"])
     batch = await start(store, RedeliveryFilter(**fields), created_by="tests", now=now)
     return batch.queued
+
+
+async def records(store: Any, *event_ids: str) -> dict[str, Any]:
+    """Each event as the store reads it now (its deliveries, states and enrichment), by id."""
+    found = {}
+    for event_id in event_ids:
+        record = await store.get(event_id)
+        assert record is not None, event_id
+        found[event_id] = record
+    return found
+
+
+def delivery(record: Any, sink: str) -> Any:
+    """The delivery of ``record`` to ``sink``."""
+    [found] = [d for d in record.deliveries if d.sink == sink]
+    return found

@@ -1,5 +1,6 @@
 """The memory store's redelivery batches and lane pauses (the rules of
-:mod:`receiver.store.batches` and :mod:`receiver.store.rules`, on the rows of :mod:`.records`)."""
+:mod:`receiver.store.batches` and :mod:`receiver.store.rules`, on the rows of :mod:`.records`;
+a cancel withdraws as :mod:`receiver.store.sql.withdraw` describes)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from receiver.store.batches import (
 )
 from receiver.store.lanes_model import LanePause, LanePolicy, LaneState
 from receiver.store.memory.records import (
+    BeforeBatch,
+    Enrichment,
     MemoryDelivery,
     MemoryEvent,
     MemoryTables,
@@ -91,6 +94,8 @@ class MemoryBatches(MemoryTables):
             ev = self._events[event_id]
             chosen = self._matching(flt, ev, now)
             if chosen:
+                for d in chosen:
+                    d.before_batch = self._before(batch_id, ev, d)
                 count += reset_deliveries(ev, chosen, now)
                 for d in chosen:
                     self._batch_of[(event_id, d.sink)] = batch_id
@@ -99,6 +104,59 @@ class MemoryBatches(MemoryTables):
         self._batches[batch_id] = model.after_step(
             batch, cursor=cursor, queued=count, last=last, now=now
         )
+        return count
+
+    def _before(self, batch_id: str, ev: MemoryEvent, d: MemoryDelivery) -> BeforeBatch:
+        """What ``d`` is now, kept as the batch ``batch_id`` queues it."""
+        owner = self._batch_of.get((ev.new.id, d.sink))
+        enrichment = None
+        if ev.snapshot is None:
+            enrichment = Enrichment(ev.enrich_at, ev.enrich_attempts, ev.enrich_error)
+        return BeforeBatch(
+            batch=batch_id,
+            state=d.state,
+            attempts=d.attempts,
+            next_attempt_at=d.next_attempt_at,
+            last_error=d.last_error,
+            updated_at=d.updated_at,
+            batch_id=owner,
+            before=d.before_batch if d.state == "pending" and owner is not None else None,
+            event=enrichment,
+        )
+
+    def _withdraw(self, batch_id: str, now: float) -> int:
+        """Put back every delivery of the batch still pending and not leased at ``now`` as it
+        was before the batch; how many (added to its ``withdrawn``)."""
+        kept: dict[str, Enrichment] = {}
+        count = 0
+        for (event_id, sink), owner in sorted(self._batch_of.items()):
+            ev = self._events.get(event_id)
+            d = ev.deliveries.get(sink) if ev is not None and owner == batch_id else None
+            b = d.before_batch if d is not None else None
+            if ev is None or d is None or b is None or b.batch != batch_id:
+                continue
+            if d.state != "pending" or not rules.lease_free(d.lease_expires_at, now):
+                continue
+            d.state, d.attempts, d.next_attempt_at = b.state, b.attempts, b.next_attempt_at
+            d.last_error, d.updated_at, d.before_batch = b.last_error, b.updated_at, b.before
+            if b.batch_id is None:
+                del self._batch_of[(event_id, sink)]
+            else:
+                self._batch_of[(event_id, sink)] = b.batch_id
+            if b.event is not None and ev.snapshot is None:
+                kept[event_id] = b.event
+            ev.recompute()
+            count += 1
+        for event_id, enrichment in kept.items():
+            ev = self._events[event_id]
+            idle = rules.lease_free(ev.lease_expires_at, now)
+            if idle and all(d.state != "pending" for d in ev.deliveries.values()):
+                ev.enrich_at = enrichment.enrich_at
+                ev.enrich_attempts = enrichment.enrich_attempts
+                ev.enrich_error = enrichment.enrich_error
+        if count:
+            batch = self._batches[batch_id]
+            self._batches[batch_id] = replace(batch, withdrawn=batch.withdrawn + count)
         return count
 
     @staticmethod
@@ -132,6 +190,9 @@ class MemoryBatches(MemoryTables):
         for batch in list(self._batches.values()):
             if batch.finished_at is not None or batch.queuing:
                 continue
+            if batch.state == "cancelled":
+                self._withdraw(batch.id, now)
+                batch = self._batches[batch.id]
             progress = self._progress(batch.id)
             if progress.pending == 0:
                 self._batches[batch.id] = model.finished(batch, progress, now)
@@ -157,9 +218,12 @@ class MemoryBatches(MemoryTables):
         batch = self._batches.get(batch_id)
         if batch is None:
             raise UnknownBatch(batch_id)
+        if batch.finished_at is not None:
+            return self._shown(batch)
         if batch.state == "running":
-            batch = self._batches[batch_id] = replace(batch, state="cancelled", cancelled_at=now)
-        return self._shown(batch)
+            self._batches[batch_id] = replace(batch, state="cancelled", cancelled_at=now)
+        self._withdraw(batch_id, now)
+        return self._shown(self._batches[batch_id])
 
     # -- lane pauses ----------------------------------------------------------------------------
 

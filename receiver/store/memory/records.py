@@ -23,6 +23,32 @@ from receiver.store.records import (
 from receiver.store.steps import MAX_STEPS_PER_DELIVERY, Step
 
 
+@dataclass(frozen=True)
+class Enrichment:
+    """An event's enrichment state: when its job is fetched next, attempts, last error."""
+
+    enrich_at: float | None
+    enrich_attempts: int
+    enrich_error: str | None
+
+
+@dataclass(frozen=True)
+class BeforeBatch:
+    """What a delivery was before the batch ``batch`` queued it (the SQL stores' JSON
+    ``before_batch``, :mod:`receiver.store.sql.withdraw`): put back if the batch is cancelled
+    before a lane takes it."""
+
+    batch: str
+    state: DeliveryState
+    attempts: int
+    next_attempt_at: float | None
+    last_error: str | None
+    updated_at: float
+    batch_id: str | None
+    before: BeforeBatch | None
+    event: Enrichment | None
+
+
 @dataclass
 class MemoryDelivery:
     sink: str
@@ -33,6 +59,7 @@ class MemoryDelivery:
     updated_at: float
     lease_owner: str | None = None
     lease_expires_at: float | None = None
+    before_batch: BeforeBatch | None = None
 
     def settle(self, outcome: Outcome, now: float) -> None:
         values = rules.settle_values(outcome, now)

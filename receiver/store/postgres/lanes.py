@@ -31,13 +31,18 @@ RETURNING e.id, e.enrich_at, e.seq
 """
 
     # A lane's due deliveries whose event has its snapshot, oldest due first; rows another
-    # replica is claiming are skipped, never waited for.
+    # replica is claiming are skipped, never waited for. One a cancel is putting back as it was
+    # before its batch is passed over (receiver.store.sql.withdraw: a cancelled batch, not
+    # closed, and what was kept is that batch's).
     CLAIM_DELIVERIES = f"""
 WITH due AS (
 {DUE_DELIVERIES}    FOR UPDATE OF d SKIP LOCKED
 )
 UPDATE deliveries d SET lease_owner = :owner, lease_expires_at = :expires
 FROM due WHERE d.event_id = due.event_id AND d.sink = :sink
+  AND (d.batch_id IS NULL OR NOT (
+      d.batch_id IN (SELECT id FROM redeliveries WHERE state = 'cancelled' AND finished_at IS NULL)
+      AND coalesce((d.before_batch::jsonb ->> 'batch') COLLATE "C" = d.batch_id, false)))
 RETURNING d.event_id, d.next_attempt_at
 """
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from receiver.store.postgres.batches import BATCH_SCHEMA
+from receiver.store.postgres.batches import BATCH_SCHEMA, WITHDRAW_SCHEMA
 from receiver.store.postgres.pull import ASSET_LEDGER_SCHEMA, PULL_SCHEMA
 from receiver.store.sql.schema import (
     BROWSE_INDEXES,
@@ -139,6 +139,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(5, "asset ledger (reconcile)", ASSET_LEDGER_SCHEMA),
     Migration(6, "event timeline and trace context", STEPS_SCHEMA),
     Migration(7, "redelivery batches and lane pauses", BATCH_SCHEMA),
+    Migration(8, "what a batch's deliveries were before it (cancel withdraws)", WITHDRAW_SCHEMA),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

@@ -6,7 +6,10 @@ A filter becomes fixed ``WHERE`` fragments with named parameters joined as it ne
 its batch's row (locked, and skipped if another replica is stepping it, where writers lock
 rows), the next events after the cursor (at most ``limit``, from the index the filter allows),
 their rows locked in id order as every other writer locks them, then their matching deliveries
-made pending, due now and marked with the batch.
+made pending, due now and marked with the batch, each keeping what it was before. A cancel
+stops the batch and withdraws what no lane has started to send (:mod:`receiver.store.sql.
+withdraw`); closing a cancelled batch withdraws what an attempt in flight then left waiting for
+a retry.
 """
 
 from __future__ import annotations
@@ -22,13 +25,13 @@ from receiver.store.batches import (
     RedeliveryBatch,
     RedeliveryFilter,
     RedeliveryPreview,
-    UnknownBatch,
 )
 from receiver.store.lanes_model import LanePause, LanePolicy, LaneState
 from receiver.store.records import delivery_record
-from receiver.store.sql.conn import Conn, SqlMixin
+from receiver.store.sql.conn import Conn
 from receiver.store.sql.lanes import LaneSql, lane_state
-from receiver.store.sql.records import RecordSql, recompute
+from receiver.store.sql.records import recompute
+from receiver.store.sql.withdraw import SqlWithdrawals, WithdrawSql, any_withdrawable
 
 # -- SQL both dialects run as it is -------------------------------------------------------------
 
@@ -60,10 +63,6 @@ UPDATE redeliveries SET state = CASE state WHEN 'running' THEN 'done' ELSE state
     finished_at = :now, delivered = :delivered, failed = :failed, skipped = :skipped
 WHERE id = :id AND finished_at IS NULL
 """
-CANCEL_RUNNING = """
-UPDATE redeliveries SET state = 'cancelled', cancelled_at = :now
-WHERE id = :id AND state = 'running'
-"""
 
 # The next events a step looks at, after the cursor in id order: one event; one job's (the
 # events_job index); those with a dead delivery (the partial index on dead rows); or any.
@@ -94,10 +93,11 @@ EVENT_NAME = "e.event = :event"
 EVENT_SINCE = "e.received_at >= :since"
 EVENT_UNTIL = "e.received_at < :until"
 
+# (``before_batch`` is computed from the row as it was before this UPDATE.)
 REDELIVER = """
 UPDATE deliveries AS d
 SET state = 'pending', attempts = 0, next_attempt_at = :now, last_error = NULL, updated_at = :now,
-    batch_id = :batch_id
+    batch_id = :batch_id, before_batch = {snapshot}
 WHERE {where}
 RETURNING event_id
 """
@@ -124,17 +124,12 @@ FROM lanes ORDER BY sink
 """
 
 
-class BatchSql:
+class BatchSql(WithdrawSql):
     """The batch statements a dialect runs: a backend's subclass (``<backend>/batches.py``)
-    sets those without a value here. ``:ids`` is a list of event ids, ``:sinks`` of sinks."""
+    sets those without a value here (and those of withdrawing, :class:`WithdrawSql`). ``:ids``
+    is a list of event ids, ``:sinks`` of sinks."""
 
-    RECORDS: ClassVar[type[RecordSql]]
     LANES: ClassVar[type[LaneSql]]
-    #: The batch ``:id`` (``BATCH_COLUMNS``), locked for a step; no row when another replica
-    #: is stepping it (where writers lock rows).
-    LOCK_BATCH: ClassVar[str]
-    #: The events ``:ids`` locked in id order (where writers lock rows).
-    LOCK_EVENTS: ClassVar[str]
     #: ``d.event_id`` is in ``:ids``; ``d.sink`` is in ``:sinks``.
     IN_IDS: ClassVar[str]
     IN_SINKS: ClassVar[str]
@@ -206,8 +201,9 @@ async def _batch(c: Conn, row: Sequence[Any] | None) -> RedeliveryBatch | None:
     return model.batch_record(row, live)
 
 
-class SqlBatches(SqlMixin):
-    """Redelivery batches and lane pauses of the SQL stores."""
+class SqlBatches(SqlWithdrawals):
+    """Redelivery batches and lane pauses of the SQL stores (cancelling one:
+    :class:`SqlWithdrawals`)."""
 
     #: The dialect's statements, set by each store class.
     _batch_sql: type[BatchSql]
@@ -260,7 +256,7 @@ class SqlBatches(SqlMixin):
             if ids:
                 if sql.RECORDS.LOCKS_ROWS:
                     await c.rows(sql.LOCK_EVENTS, {"ids": ids})
-                statement = REDELIVER.format(where=where(flt, sql, ids=True))
+                statement = REDELIVER.format(where=where(flt, sql, ids=True), snapshot=sql.SNAPSHOT)
                 rows = await c.rows(statement, {**args, "ids": ids, "batch_id": batch_id})
                 count = len(rows)
                 if count:
@@ -287,16 +283,25 @@ class SqlBatches(SqlMixin):
         return await self._run_write(run, durable=False)
 
     async def finish_redeliveries(self, *, now: float) -> list[str]:
-        async def look(c: Conn) -> list[str]:
-            rows = await c.rows(UNFINISHED)
-            return [row[0] for row in rows if await c.row(ANY_PENDING, {"id": row[0]}) is None]
+        sql = self._batch_sql
+
+        async def look(c: Conn) -> list[tuple[str, bool]]:
+            found = []
+            for row in await c.rows(UNFINISHED):
+                sweep = row[4] == "cancelled" and await any_withdrawable(c, sql, row[0], now)
+                if sweep or await c.row(ANY_PENDING, {"id": row[0]}) is None:
+                    found.append((row[0], sweep))
+            return found
 
         # Looked for in a read first: most of the time there is nothing to write.
         candidates = await self._run_read(look)
+        for batch_id, sweep in candidates:
+            if sweep:  # what a send in flight at the cancel left waiting for a retry
+                await self._withdraw_rest(batch_id, now, wait=False)
 
         async def run(c: Conn) -> list[str]:
             done = []
-            for batch_id in candidates:
+            for batch_id, _sweep in candidates:
                 if await c.row(ANY_PENDING, {"id": batch_id}) is not None:
                     continue
                 p = await _progress(c, batch_id)
@@ -330,18 +335,6 @@ class SqlBatches(SqlMixin):
             return found
 
         return await self._run_read(run, snapshot=True)
-
-    async def cancel_redelivery(self, batch_id: str, *, now: float) -> RedeliveryBatch:
-        async def run(c: Conn) -> None:
-            cancelled = await c.run(CANCEL_RUNNING, {"id": batch_id, "now": now})
-            if not cancelled and await c.row(SELECT_BATCH, {"id": batch_id}) is None:
-                raise UnknownBatch(batch_id)
-
-        await self._run_write(run)
-        batch = await self.redelivery(batch_id)
-        if batch is None:
-            raise UnknownBatch(batch_id)
-        return batch
 
     # -- lane pauses ----------------------------------------------------------------------------
 

@@ -23,11 +23,16 @@ WHERE id IN (
 RETURNING id, enrich_at, rowid
 """
 
-    # A lane's due deliveries whose event has its snapshot, oldest due first.
+    # A lane's due deliveries whose event has its snapshot, oldest due first; of those, one a
+    # cancel is putting back as it was before its batch is passed over (receiver.store.sql.
+    # withdraw: a cancelled batch, not closed, and what was kept is that batch's).
     CLAIM_DELIVERIES = f"""
 UPDATE deliveries SET lease_owner = :owner, lease_expires_at = :expires
 WHERE sink = :sink AND event_id IN (
 {DUE_DELIVERIES})
+  AND (batch_id IS NULL OR NOT (
+      batch_id IN (SELECT id FROM redeliveries WHERE state = 'cancelled' AND finished_at IS NULL)
+      AND json_extract(before_batch, '$.batch') IS batch_id))
 RETURNING event_id, next_attempt_at
 """
 

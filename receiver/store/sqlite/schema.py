@@ -10,7 +10,7 @@ from receiver.store.sql.schema import (
     CREATE_INDEX_STATE_RECEIVED,
     CREATE_INDEX_STEPS,
 )
-from receiver.store.sqlite.batches import BATCH_SCHEMA
+from receiver.store.sqlite.batches import BATCH_SCHEMA, WITHDRAW_SCHEMA
 from receiver.store.sqlite.pull import ASSET_LEDGER_SCHEMA, PULL_SCHEMA
 
 CREATE_EVENTS = """
@@ -122,6 +122,10 @@ SCHEMA_V6_STEPS: tuple[str, ...] = (
 # Version 7: redelivery batches and lane pauses (receiver.store.sqlite.batches).
 SCHEMA_V7_BATCHES: tuple[str, ...] = (*BATCH_SCHEMA, "PRAGMA user_version = 7")
 
+# Version 8: what a batch's deliveries were before it, so a cancel can put them back
+# (receiver.store.sqlite.batches).
+SCHEMA_V8_WITHDRAW: tuple[str, ...] = (*WITHDRAW_SCHEMA, "PRAGMA user_version = 8")
+
 # Migration N (1-based) brings the schema from version N-1 to N; each sets its own user_version.
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     SCHEMA_V1,
@@ -131,6 +135,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     SCHEMA_V5_ASSETS,
     SCHEMA_V6_STEPS,
     SCHEMA_V7_BATCHES,
+    SCHEMA_V8_WITHDRAW,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
