@@ -65,7 +65,7 @@ check: lint typecheck test  ## lint, typecheck and the whole suite
 # the committed page differs from it.
 .PHONY: docs
 docs: $(VENV)/.installed  ## write docs/configuration.md from the config schema
-	$(BIN)/python -m receiver.config_reference docs/configuration.md
+	$(BIN)/python -m receiver.config.reference docs/configuration.md
 
 clean:  ## remove .venv, ./data and the tool caches
 	rm -rf $(VENV) data .pytest_cache .mypy_cache .ruff_cache

@@ -34,8 +34,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from bench.backlog import finish_inbox, insert_rows, new_inbox
 from bench.common import ROOT, Table, machine_note, median
-from receiver.config import SinkSettings, StoreSettings
-from receiver.metrics import Metrics
+from receiver.config.settings import SinkSettings, StoreSettings
+from receiver.observe.metrics import Metrics
 from receiver.store.browse import Cursor, EventQuery
 from receiver.store.sql.browse import browse_sql
 from receiver.store.sqlite import MIGRATIONS, SqliteStore

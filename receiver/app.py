@@ -18,18 +18,19 @@ from typing import TYPE_CHECKING, Literal
 import aiohttp
 from aiohttp import web
 
-from receiver.config import Settings
-from receiver.enrich import Enricher
+from receiver.config.settings import Settings
+from receiver.delivery.enrich import Enricher
+from receiver.delivery.redelivery import Redeliverer
+from receiver.delivery.worker import Worker
 from receiver.errors import StoreError
-from receiver.intake import Intake
+from receiver.intake.endpoint import Intake
 from receiver.logs import get_logger
-from receiver.metrics import Metrics
-from receiver.ops import Ops
-from receiver.ops_incident import IncidentAdmin
+from receiver.observe.metrics import Metrics
+from receiver.ops.handlers import Ops
+from receiver.ops.incident import IncidentAdmin
 from receiver.pull.admin import WatchAdmin
 from receiver.pull.poller import Poller
 from receiver.pull.reconcile import Reconciler, reconcile_periodically
-from receiver.redelivery import Redeliverer
 from receiver.secrets import SecretBox
 from receiver.sinks.base import Sink, SinkContext
 from receiver.sinks.loader import build_sinks
@@ -39,13 +40,12 @@ from receiver.store.lanes_model import LaneStats
 from receiver.store.pull import WATCH_STATES
 from receiver.store.records import EVENT_STATES
 from receiver.supervisor import Supervisor
-from receiver.upstream import UpstreamClient
-from receiver.watchdog import Watchdog
+from receiver.upstream.client import UpstreamClient
+from receiver.upstream.watchdog import Watchdog
 from receiver.web import InboxUi
-from receiver.worker import Worker
 
 if TYPE_CHECKING:
-    from receiver.tracing import Tracing
+    from receiver.observe.tracing import Tracing
 
 log = get_logger("receiver.app")
 
@@ -98,7 +98,9 @@ class Runtime:
         self.supervisor = Supervisor(metrics=self.metrics)
         self._closed = False
         if tracing is None and settings.tracing.enabled:
-            from receiver.tracing import Tracing  # only now: tracing off imports nothing of it
+            from receiver.observe.tracing import (
+                Tracing,  # only now: tracing off imports nothing of it
+            )
 
             tracing = Tracing(settings.tracing)
         #: OpenTelemetry (``[tracing]``), None when off.
@@ -251,7 +253,7 @@ class Runtime:
         server = self.settings.server
         make: Callable[..., Intake] = Intake
         if self.tracing is not None:  # the plain handler stays untouched when tracing is off
-            from receiver.tracing_intake import TracedIntake
+            from receiver.intake.tracing import TracedIntake
 
             make = functools.partial(TracedIntake, tracing=self.tracing)
         intake = self.intake = make(

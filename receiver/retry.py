@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from receiver.errors import PermanentError
 
 if TYPE_CHECKING:
-    from receiver.config import WorkerSettings
+    from receiver.config.settings import WorkerSettings
 
 # An upstream Retry-After is honoured up to a day; beyond that it is more likely a mistake.
 MAX_RETRY_AFTER_SECONDS = 24 * 3600.0

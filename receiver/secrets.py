@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from receiver.config import WebhookSettings
+from receiver.config.settings import WebhookSettings
 from receiver.errors import ConfigError
 from receiver.signature import HmacKey
 

@@ -3,7 +3,7 @@
 :func:`serve` opens a :class:`~receiver.app.Runtime`, starts the public listener (webhooks) and
 the ops listener (metrics, health, admin, the inbox page), and on SIGTERM drains both with the
 workers within ``server.shutdown_timeout_seconds``. With ``server.processes`` above 1 it also
-starts and stops the other intake processes (:mod:`receiver.processes`).
+starts and stops the other intake processes (:mod:`receiver.intake.processes`).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import structlog
 from aiohttp import web
 
 from receiver.app import Role, Runtime
-from receiver.config import Settings
-from receiver.listener import PublicRunner
+from receiver.config.settings import Settings
+from receiver.intake.listener import PublicRunner
+from receiver.intake.processes import IntakeProcesses, admin_port
 from receiver.logs import get_logger
-from receiver.processes import IntakeProcesses, admin_port
 
 log = get_logger("receiver.server")
 
@@ -38,7 +38,7 @@ async def serve(settings: Settings, *, role: Role = "all", process_index: int = 
     """Run until SIGTERM or SIGINT, then stop accepting, drain, release claims and return.
 
     With ``server.processes`` above 1, process 0 starts the other intake processes and stops
-    them with itself (see :mod:`receiver.processes`); ``process_index`` is set in those.
+    them with itself (see :mod:`receiver.intake.processes`); ``process_index`` is set in those.
     """
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_SECONDS)
     stop = asyncio.Event()

@@ -18,7 +18,7 @@ import contextlib
 from collections.abc import Awaitable, Callable
 
 from receiver.logs import get_logger
-from receiver.metrics import Metrics
+from receiver.observe.metrics import Metrics
 
 log = get_logger("receiver.supervisor")
 

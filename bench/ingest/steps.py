@@ -97,9 +97,10 @@ def _request(body: bytes, headers: dict[str, str]) -> Any:
 
 async def _steps(count: int) -> dict[str, float]:
     from bench.common import SECRET, webhook_body
-    from receiver import intake, signature
-    from receiver.config_load import parse_settings
-    from receiver.metrics import Metrics
+    from receiver import signature
+    from receiver.config.load import parse_settings
+    from receiver.intake import endpoint as intake
+    from receiver.observe.metrics import Metrics
     from receiver.secrets import SecretBox
     from receiver.store.records import NewEvent
 
@@ -235,9 +236,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         if args.checkout:  # its receiver package, before bench.common puts ours on the path
             sys.path.insert(0, args.checkout)
-        import receiver.intake
+        import receiver.intake.endpoint
 
-        print(f"receiver from {Path(receiver.intake.__file__).parents[1]}", file=sys.stderr)
+        print(
+            f"receiver from {Path(receiver.intake.endpoint.__file__).parents[2]}", file=sys.stderr
+        )
         print(json.dumps(asyncio.run(_steps(args.child))))
         return 0
     from bench.common import Table, median

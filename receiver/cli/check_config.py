@@ -6,8 +6,8 @@ import argparse
 from typing import Any
 
 from receiver.cli.common import settings_from, with_config
-from receiver.config import Settings, SinkSettings, StoreSettings
-from receiver.config_shown import changed_from_defaults, masked, masked_url
+from receiver.config.settings import Settings, SinkSettings, StoreSettings
+from receiver.config.shown import changed_from_defaults, masked, masked_url
 from receiver.errors import ConfigError
 
 

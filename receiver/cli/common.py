@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from receiver.config import Settings, config_path
-from receiver.config_load import load_settings
-from receiver.config_schema import suggest
+from receiver.config.load import load_settings
+from receiver.config.schema import suggest
+from receiver.config.settings import Settings, config_path
 from receiver.errors import ReceiverError
 
 EXIT_FAILED = 1

@@ -22,10 +22,10 @@ from receiver.cli.common import (
     settings_from,
     with_config,
 )
-from receiver.config import Settings
+from receiver.config.settings import Settings
+from receiver.delivery.redelivery import redeliver_event, start
 from receiver.errors import UnknownEvent
 from receiver.humantime import ago, iso_utc, parse_since
-from receiver.redelivery import redeliver_event, start
 from receiver.store import open_existing_store
 from receiver.store.base import Store
 from receiver.store.batches import RedeliveryFilter
@@ -260,8 +260,8 @@ async def tail(
 
 
 async def redeliver(store: Store, args: argparse.Namespace, now: float) -> str:
-    """A redelivery batch (receiver.redelivery): one event (every sink or ``--sink``), or every
-    dead delivery; its first step is queued now, a running receiver queues the rest."""
+    """A redelivery batch (receiver.delivery.redelivery): one event (every sink or ``--sink``), or
+    every dead delivery; its first step is queued now, a running receiver queues the rest."""
     by = cli_user()
     if args.dead:
         batch = await start(store, RedeliveryFilter(status="dead"), created_by=by, now=now)

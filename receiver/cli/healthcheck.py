@@ -16,7 +16,7 @@ import urllib.request
 from typing import Any
 
 from receiver.cli.common import EXIT_FAILED, settings_from, with_config
-from receiver.config import AdminSettings
+from receiver.config.settings import AdminSettings
 
 
 def add_parser(commands: Any) -> None:

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from receiver.cli.common import CommandError
-from receiver.config import config_path
-from receiver.config_render import render_config
+from receiver.config.render import render_config
+from receiver.config.settings import config_path
 from receiver.signature import new_standard_webhooks_secret
 
 _STANDARD_WEBHOOKS_SINK = """

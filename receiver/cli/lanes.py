@@ -14,7 +14,6 @@ import sys
 import time
 from typing import Any
 
-from receiver import pauses
 from receiver.cli.common import (
     EXIT_USAGE,
     Usage,
@@ -24,7 +23,8 @@ from receiver.cli.common import (
     store_settings_from,
     with_config,
 )
-from receiver.config import Settings
+from receiver.config.settings import Settings
+from receiver.delivery import pauses
 from receiver.humantime import iso_utc, parse_duration
 from receiver.store import open_existing_store
 

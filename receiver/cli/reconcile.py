@@ -20,7 +20,7 @@ from receiver.cli.common import (
     store_settings_from,
     with_config,
 )
-from receiver.config import Settings
+from receiver.config.settings import Settings
 from receiver.humantime import parse_since
 from receiver.pull.reconcile import Reconciler, ReconcileSummary
 from receiver.store.pull import valid_job_id
@@ -86,7 +86,7 @@ async def _reconcile(
     import aiohttp
 
     from receiver.store import open_store
-    from receiver.upstream import UpstreamClient
+    from receiver.upstream.client import UpstreamClient
 
     store = open_store(settings.store)
     await store.open()

@@ -17,7 +17,6 @@ import sys
 import time
 from typing import Any
 
-from receiver import redelivery
 from receiver.cli.common import (
     EXIT_USAGE,
     Usage,
@@ -27,9 +26,10 @@ from receiver.cli.common import (
     store_settings_from,
     with_config,
 )
-from receiver.config import Settings
+from receiver.config.settings import Settings
+from receiver.delivery import redelivery
+from receiver.delivery.redelivery import filter_text
 from receiver.humantime import ago, iso_utc
-from receiver.redelivery import filter_text
 from receiver.store import open_existing_store
 from receiver.store.base import Store
 from receiver.store.batches import REDELIVERY_STATUSES, BadFilter, RedeliveryBatch, UnknownBatch

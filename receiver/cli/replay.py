@@ -68,7 +68,7 @@ def _payload_files(paths: Sequence[str]) -> list[Path]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from receiver.replay import Progress, replay, stored_payloads
+    from receiver.cli.replayer import Progress, replay, stored_payloads
 
     if args.concurrency < 1:
         raise CommandError("--concurrency must be at least 1")

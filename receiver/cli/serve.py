@@ -8,8 +8,8 @@ from typing import Any
 
 from receiver.cli.common import run_async, settings_from, with_config
 from receiver.errors import ConfigError
+from receiver.intake.processes import MAX_PROCESSES
 from receiver.logs import configure_logging
-from receiver.processes import MAX_PROCESSES
 
 
 def add_parser(commands: Any) -> None:
@@ -27,7 +27,7 @@ def add_parser(commands: Any) -> None:
         metavar="N",
         help="intake processes sharing the public port (default: server.processes)",
     )
-    # Set by the first process in the ones it starts (see receiver.processes).
+    # Set by the first process in the ones it starts (see receiver.intake.processes).
     serve.add_argument("--process-index", type=int, default=0, help=argparse.SUPPRESS)
 
 

@@ -7,8 +7,8 @@ import time
 from typing import Any
 
 from receiver.cli.common import EXIT_USAGE, CommandError, read_payload, with_config
+from receiver.cli.replayer import event_fields
 from receiver.cli.signing import add_scheme_argument, curl_command, target_signer, target_url
-from receiver.replay import event_fields
 
 
 def add_parser(commands: Any) -> None:

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Mapping
 
 from receiver.cli.common import CommandError, settings_from
-from receiver.config import Settings, config_path
+from receiver.config.settings import Settings, config_path
 from receiver.secrets import SecretBox
 from receiver.signature import SCHEMES, SERVICE_SCHEME, Signer
 

@@ -19,7 +19,7 @@ from receiver.cli.common import (
     store_settings_from,
     with_config,
 )
-from receiver.config import Settings
+from receiver.config.settings import Settings
 from receiver.pull.watch import BadJobId, check_job_ids, watch_jobs
 from receiver.store.pull import WatchRecord
 

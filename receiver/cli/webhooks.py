@@ -51,7 +51,7 @@ def add_parser(commands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     quiet_logs()  # the outcome is this command's output; no log line may repeat it
-    from receiver import subscriptions
+    from receiver.upstream import subscriptions
 
     if args.webhooks_command == "register":
         events = [e.strip() for raw in args.events or () for e in raw.split(",") if e.strip()]

@@ -7,8 +7,8 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from receiver.config import Settings
-from receiver.intake import error_response, page_window
+from receiver.config.settings import Settings
+from receiver.intake.endpoint import error_response, page_window
 from receiver.pull.watch import BadJobId, watch_jobs
 from receiver.store.base import Store
 from receiver.store.pull import WATCH_STATES

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from receiver.config import Settings
+from receiver.config.settings import Settings
 from receiver.store.records import NewEvent
 
 #: The namespace of the ids of events the receiver makes (a fixed, random UUID).

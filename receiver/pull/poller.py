@@ -24,19 +24,19 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from receiver.config import Settings
+from receiver.config.settings import Settings
 from receiver.errors import DeliveryError, PermanentError, StoreError
 from receiver.logs import get_logger
-from receiver.metrics import Metrics
+from receiver.observe.metrics import Metrics
+from receiver.observe.timeline import Call, recording
 from receiver.pull.events import OUTCOME_BY_STATUS, outcome_event
 from receiver.retry import RetryPolicy
 from receiver.store.base import Store
 from receiver.store.lanes_model import new_lease_owner
 from receiver.store.pull import WatchRecord, WatchState
-from receiver.timeline import Call, recording
 
 if TYPE_CHECKING:
-    from receiver.tracing import Tracing
+    from receiver.observe.tracing import Tracing
 
 log = get_logger("receiver.pull.poller")
 

@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from receiver.config import ReconcileSettings, Settings
+from receiver.config.settings import ReconcileSettings, Settings
 from receiver.errors import ReceiverError, TransientError
 from receiver.logs import get_logger
-from receiver.metrics import Metrics
+from receiver.observe.metrics import Metrics
 from receiver.pull.events import reconcile_event, unit_job_id
 from receiver.retry import RetryPolicy
 from receiver.sinks.download import DEFAULT_DIRECTORY, has_file

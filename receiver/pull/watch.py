@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from receiver.config import Settings
+from receiver.config.settings import Settings
 from receiver.store.base import Store
 from receiver.store.pull import WatchRecord, valid_job_id
 

@@ -31,7 +31,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
 from aio_pika.exceptions import CONNECTION_EXCEPTIONS, PublishError
 from aio_pika.exceptions import DeliveryError as Nacked
 
-from receiver.config import SinkSettings
+from receiver.config.settings import SinkSettings
 from receiver.errors import TransientError
 from receiver.events import Enriched
 from receiver.logs import get_logger, redact_url

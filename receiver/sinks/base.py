@@ -7,9 +7,9 @@ from typing import Protocol
 
 import aiohttp
 
-from receiver.config import Settings, SinkSettings
+from receiver.config.settings import Settings, SinkSettings
 from receiver.events import Enriched
-from receiver.metrics import Metrics
+from receiver.observe.metrics import Metrics
 
 
 @dataclass(frozen=True)

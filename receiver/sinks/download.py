@@ -29,7 +29,7 @@ import aiohttp
 from aiohttp.abc import AbstractResolver
 from yarl import URL
 
-from receiver.config import SinkSettings
+from receiver.config.settings import SinkSettings
 from receiver.errors import (
     DeliveryError,
     NotReady,
@@ -39,8 +39,9 @@ from receiver.errors import (
 )
 from receiver.events import Enriched, FileRef
 from receiver.logs import get_logger, redact_url
-from receiver.metrics import Metrics
 from receiver.netguard import AddressPolicy, GuardedClient, is_public_address
+from receiver.observe.metrics import Metrics
+from receiver.observe.timeline import noting
 from receiver.retry import parse_retry_after
 from receiver.sinks.atomic_files import (
     commit,
@@ -51,7 +52,6 @@ from receiver.sinks.atomic_files import (
     write_batch,
 )
 from receiver.sinks.base import SinkContext
-from receiver.timeline import noting
 
 log = get_logger(__name__)
 

@@ -23,7 +23,7 @@ import os
 import signal
 from collections.abc import Mapping
 
-from receiver.config import SinkSettings
+from receiver.config.settings import SinkSettings
 from receiver.errors import PermanentError, TransientError
 from receiver.events import Enriched
 from receiver.sinks.base import SinkContext

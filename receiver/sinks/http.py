@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import aiohttp
 
-from receiver.config import SinkSettings
+from receiver.config.settings import SinkSettings
 from receiver.events import Enriched
 from receiver.logs import redact_url
 from receiver.signature import SERVICE_SCHEME, Signer

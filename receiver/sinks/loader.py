@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 
-from receiver.config import Settings, SinkSettings
+from receiver.config.settings import Settings, SinkSettings
 from receiver.errors import ConfigError
 from receiver.extras import install_hint
 from receiver.sinks.base import Sink, SinkContext

@@ -34,7 +34,7 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from receiver.config import SinkSettings
+from receiver.config.settings import SinkSettings
 from receiver.errors import TransientError
 from receiver.events import Enriched
 from receiver.logs import get_logger, redact_url

@@ -26,7 +26,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError, ResponseError
 
-from receiver.config import SinkSettings
+from receiver.config.settings import SinkSettings
 from receiver.errors import PermanentError, TransientError
 from receiver.events import Enriched
 from receiver.logs import get_logger, redact_url

@@ -8,8 +8,8 @@ the item and, for failures, the job's error. Values from the event are escaped f
 markup, so an item name cannot mention ``@channel`` or forge a link.
 
 Messages are paced by the sink's lane at ``rate_limit_per_second`` (default 1, Slack's
-documented rate for incoming webhooks; see :mod:`receiver.lanes`): ``send`` never waits for a
-slot. A 429's ``Retry-After`` is raised with the error, and the lane pauses for that long, on
+documented rate for incoming webhooks; see :mod:`receiver.delivery.lanes`): ``send`` never waits for
+a slot. A 429's ``Retry-After`` is raised with the error, and the lane pauses for that long, on
 every replica. A 4xx other than 408/429 (hook removed, channel archived, payload refused) is dead
 at once; 5xx and network errors are retried.
 """
@@ -22,7 +22,7 @@ from typing import Any
 
 import aiohttp
 
-from receiver.config import SinkSettings
+from receiver.config.settings import SinkSettings
 from receiver.events import Enriched
 from receiver.sinks.base import SinkContext
 from receiver.sinks.envelopes import trace_headers

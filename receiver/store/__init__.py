@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from receiver.config import StoreSettings
+from receiver.config.settings import StoreSettings
 from receiver.errors import ConfigError, StoreError
 from receiver.extras import install_hint
 from receiver.store.base import Store

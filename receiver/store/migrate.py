@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from receiver.config import StoreSettings
+from receiver.config.settings import StoreSettings
 from receiver.logs import redact_url
 from receiver.store import open_store
 

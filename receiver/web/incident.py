@@ -2,7 +2,7 @@
 the overview's pause and resume buttons on each lane.
 
 A batch is previewed on the dead-letters page (its form is a GET: a preview changes nothing),
-started with a POST that stores it (:func:`receiver.redelivery.start`) and answered with a
+started with a POST that stores it (:func:`receiver.delivery.redelivery.start`) and answered with a
 redirect to its progress page, which refreshes itself until the batch is done.
 """
 
@@ -13,8 +13,8 @@ from typing import Any
 
 from aiohttp import web
 
-from receiver import pauses, redelivery
-from receiver.config import Settings
+from receiver.config.settings import Settings
+from receiver.delivery import pauses, redelivery
 from receiver.humantime import parse_duration
 from receiver.logs import get_logger
 from receiver.store.base import Store

@@ -11,8 +11,8 @@ import collections
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from receiver.config import SinkSettings
-from receiver.metrics import Metrics
+from receiver.config.settings import SinkSettings
+from receiver.observe.metrics import Metrics
 from receiver.store.browse import InboxOverview, LaneCounts
 from receiver.store.lanes_model import LanePause, LaneState
 from receiver.store.records import EVENT_STATES

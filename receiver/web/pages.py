@@ -1,5 +1,6 @@
 """The inbox pages: overview, events, one event, dead letters, and the redeliver actions (each a
-redelivery batch, :mod:`receiver.redelivery`; the batch pages are :mod:`receiver.web.incident`).
+redelivery batch, :mod:`receiver.delivery.redelivery`; the batch pages are
+:mod:`receiver.web.incident`).
 
 Each handler gets the request and the :class:`~receiver.web.render.View` the guard built for it
 (see :mod:`receiver.web.ui`); reads are GETs, every change is a POST answered with a redirect
@@ -13,16 +14,16 @@ from typing import Any
 
 from aiohttp import web
 
-from receiver.config import SinkSettings
+from receiver.config.settings import SinkSettings
+from receiver.delivery.redelivery import redeliver_event, start
 from receiver.errors import UnknownEvent
 from receiver.logs import get_logger, redact_url
-from receiver.metrics import Metrics
-from receiver.redelivery import redeliver_event, start
+from receiver.observe.metrics import Metrics
 from receiver.store.base import Store
 from receiver.store.batches import RedeliveryFilter
 from receiver.store.browse import Cursor
 from receiver.store.records import EventRecord
-from receiver.watchdog import Watchdog
+from receiver.upstream.watchdog import Watchdog
 from receiver.web import timeline
 from receiver.web.filters import DELIVERY_STATES, BadFilter, parse_events_request
 from receiver.web.incident import BY, PAUSE_CHOICES, IncidentPages

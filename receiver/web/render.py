@@ -18,8 +18,8 @@ from urllib.parse import quote
 import jinja2
 from aiohttp import web
 
+from receiver.delivery.redelivery import filter_text
 from receiver.logs import redact_query_strings
-from receiver.redelivery import filter_text
 from receiver.store.browse import DeadGroup
 
 CONTENT_SECURITY_POLICY = (

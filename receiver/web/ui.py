@@ -21,12 +21,12 @@ from pathlib import Path
 
 from aiohttp import web
 
-from receiver.config import Settings, SinkSettings
+from receiver.config.settings import Settings, SinkSettings
 from receiver.errors import StoreError
 from receiver.logs import get_logger
-from receiver.metrics import Metrics
+from receiver.observe.metrics import Metrics
 from receiver.store.base import Store
-from receiver.watchdog import Watchdog
+from receiver.upstream.watchdog import Watchdog
 from receiver.web.auth import (
     SESSION_COOKIE,
     Sessions,

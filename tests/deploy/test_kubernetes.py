@@ -13,7 +13,7 @@ import tomllib
 
 import pytest
 
-from receiver.config_load import parse_settings
+from receiver.config.load import parse_settings
 from tests.deploy.support import DEPLOY, run_tool
 from tests.support.services import require_module, require_tool
 

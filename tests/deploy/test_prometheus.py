@@ -17,7 +17,7 @@ import urllib.request
 
 import pytest
 
-from receiver.metrics import SINK_OUTCOMES, WEBHOOK_OUTCOMES
+from receiver.observe.metrics import SINK_OUTCOMES, WEBHOOK_OUTCOMES
 from receiver.store.records import EVENT_STATES
 from tests.deploy.promql import exposed_names, matchers, metric_names
 from tests.deploy.support import DEPLOY, Background, run_tool

@@ -8,7 +8,7 @@ import time
 
 import aiohttp
 
-from receiver.config import ServerSettings
+from receiver.config.settings import ServerSettings
 from receiver.signature import webhook_headers
 from tests.deploy.support import DEPLOY, run_tool
 from tests.support.helpers import ReceiverProcess, free_port, wait_for, write_config

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from receiver.app import Runtime
-from receiver.config_load import parse_settings
+from receiver.config.load import parse_settings
 from receiver.store.sqlite import SqliteStore
 from tests.support.faults import SECRET, signed_post
 

@@ -17,7 +17,7 @@ import pytest
 
 from receiver.app import Runtime
 from receiver.simulator import Simulator
-from receiver.upstream import ASSET_ENDPOINT, JOB_ENDPOINT
+from receiver.upstream.client import ASSET_ENDPOINT, JOB_ENDPOINT
 from tests.support.expect import expected_files
 from tests.support.faults import API_KEY, SECRET, final_files, signed_post
 from tests.support.helpers import wait_for

@@ -32,7 +32,7 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from receiver.app import Runtime
-from receiver.config_load import parse_settings
+from receiver.config.load import parse_settings
 from receiver.signature import sign
 from tests.support.postgres import POSTGRES_URL, fresh_schema, require_postgres
 

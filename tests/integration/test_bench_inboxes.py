@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from bench import backlog, web_pages
-from receiver.config import StoreSettings
+from receiver.config.settings import StoreSettings
 from receiver.store.pull import outcome_key
 from receiver.store.sqlite import SqliteStore
 

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from receiver.app import Runtime
-from receiver.config_load import parse_settings
+from receiver.config.load import parse_settings
 from receiver.signature import verify
 from receiver.store.records import NewEvent
 from tests.support.cli import assert_one_clean_line, run_cli

@@ -15,7 +15,7 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.test_utils import TestServer
 from structlog.testing import capture_logs
 
-from receiver.config import SinkSettings
+from receiver.config.settings import SinkSettings
 from receiver.errors import NotReady, PermanentError, TransientError
 from receiver.netguard import IPAddress, is_public_address
 from receiver.sinks.download import DownloadSink

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from receiver.cli import main
-from receiver.config_load import parse_settings
+from receiver.config.load import parse_settings
 from receiver.store import open_store
 from receiver.store.records import NewEvent, Outcome
 from tests.support.helpers import write_config

@@ -8,7 +8,7 @@ import pytest
 from aiohttp import web
 
 from receiver.cli.healthcheck import ops_url
-from receiver.config import AdminSettings
+from receiver.config.settings import AdminSettings
 from tests.support.helpers import ReceiverProcess, free_port, write_config
 
 SECRET = "whsec_healthcheck_cli"

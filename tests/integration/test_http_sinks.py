@@ -8,9 +8,9 @@ import time
 import aiohttp
 import pytest
 
-from receiver.config_load import parse_settings
+from receiver.config.load import parse_settings
+from receiver.delivery.lanes import lane_result
 from receiver.errors import PermanentError, TransientError
-from receiver.lanes import lane_result
 from receiver.signature import verify
 from receiver.sinks.http import HttpSink
 from receiver.sinks.slack import ChatSink

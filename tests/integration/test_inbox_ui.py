@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 from receiver.app import Runtime
-from receiver.config_load import parse_settings
+from receiver.config.load import parse_settings
 from receiver.store import NewEvent, Outcome
 from receiver.store.memory import MemoryStore
 from receiver.web.render import CONTENT_SECURITY_POLICY

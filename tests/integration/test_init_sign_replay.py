@@ -13,8 +13,8 @@ import pytest
 
 from receiver.app import Runtime
 from receiver.cli import main
-from receiver.config_load import load_settings
-from receiver.config_render import render_config
+from receiver.config.load import load_settings
+from receiver.config.render import render_config
 from tests.support.cli import run_cli
 from tests.support.helpers import ROOT, free_port
 from tests.support.services import require_tool

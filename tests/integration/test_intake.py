@@ -8,9 +8,9 @@ import pytest
 from structlog.testing import capture_logs
 
 from receiver.app import Runtime
-from receiver.config_load import parse_settings
+from receiver.config.load import parse_settings
 from receiver.errors import PayloadError, StoreUnavailable
-from receiver.intake import ClientAddress
+from receiver.intake.endpoint import ClientAddress
 from receiver.signature import sign, webhook_headers
 from receiver.store.memory import MemoryStore
 

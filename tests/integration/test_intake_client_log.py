@@ -7,7 +7,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from receiver.app import Runtime
-from receiver.config_load import parse_settings
+from receiver.config.load import parse_settings
 from receiver.signature import webhook_headers
 
 SECRET = "whsec_client_log"

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from receiver.app import Runtime
-from receiver.config import Settings
-from receiver.config_load import parse_settings
+from receiver.config.load import parse_settings
+from receiver.config.settings import Settings
 from receiver.signature import webhook_headers
 from tests.support.postgres import POSTGRES_URL, fresh_schema, require_postgres
 

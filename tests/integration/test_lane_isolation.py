@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from receiver.app import Runtime
-from receiver.config_load import parse_settings
+from receiver.config.load import parse_settings
 from receiver.signature import webhook_headers
 from receiver.simulator import Simulator
 from tests.support.helpers import wait_for

@@ -15,7 +15,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from receiver.config import StoreSettings
+from receiver.config.settings import StoreSettings
 from receiver.store import Store
 from receiver.store.batches import RedeliveryFilter
 from receiver.store.postgres import schema as pg_schema

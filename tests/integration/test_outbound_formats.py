@@ -18,7 +18,7 @@ from aiohttp import web
 from standardwebhooks import Webhook
 
 from receiver.cli import main
-from receiver.config_load import load_settings
+from receiver.config.load import load_settings
 from receiver.signature import new_standard_webhooks_secret
 from receiver.sinks.envelopes import Envelope
 from receiver.sinks.http import HttpSink

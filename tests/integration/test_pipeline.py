@@ -8,7 +8,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from receiver.app import Runtime
-from receiver.config_load import parse_settings
+from receiver.config.load import parse_settings
 from tests.support.expect import expected_files
 from tests.support.helpers import wait_for
 from tests.support.pipeline import download_settings, settled

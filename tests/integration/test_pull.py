@@ -10,7 +10,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from receiver.app import Runtime
-from receiver.config_load import parse_settings
+from receiver.config.load import parse_settings
 from receiver.pull import poller
 from tests.support.helpers import wait_for
 from tests.support.pull import (

@@ -9,7 +9,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from receiver.app import Runtime
-from receiver.config_load import parse_settings
+from receiver.config.load import parse_settings
 from tests.support.cli import assert_one_clean_line, run_cli
 from tests.support.helpers import wait_for, write_config
 from tests.support.pull import receiver_config, serve_simulator

@@ -13,7 +13,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from receiver.app import Runtime
-from receiver.config_load import parse_settings
+from receiver.config.load import parse_settings
 from receiver.errors import ReceiverError
 from receiver.pull.reconcile import Reconciler
 from receiver.simulator.shape import NULL

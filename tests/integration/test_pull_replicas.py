@@ -11,7 +11,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from receiver.app import Runtime
-from receiver.config_load import parse_settings
+from receiver.config.load import parse_settings
 from receiver.simulator import Simulator
 from tests.support.helpers import wait_for
 from tests.support.postgres import POSTGRES_URL, fresh_schema, require_postgres

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from receiver.cli import main
-from receiver.config import StoreSettings
+from receiver.config.settings import StoreSettings
 from receiver.store import Store, open_store
 from receiver.store.lanes_model import LanePolicy
 from receiver.store.records import NewEvent, Outcome, Snapshot

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from receiver.app import Runtime
-from receiver.config_load import parse_settings
+from receiver.config.load import parse_settings
 from tests.support.cli import assert_one_clean_line, run_cli
 from tests.support.helpers import ROOT, write_config
 

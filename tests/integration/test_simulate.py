@@ -13,8 +13,8 @@ from structlog.testing import capture_logs
 
 from receiver.app import Runtime
 from receiver.cli.common import CommandError
-from receiver.config_load import parse_settings
-from receiver.config_render import render_config
+from receiver.config.load import parse_settings
+from receiver.config.render import render_config
 from receiver.simulator import handoff
 from receiver.simulator import run as simulator_run
 from receiver.simulator.cli import options_from_args

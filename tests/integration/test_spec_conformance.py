@@ -22,7 +22,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from receiver.app import Runtime
-from receiver.config_load import parse_settings
+from receiver.config.load import parse_settings
 from receiver.pull.reconcile import Reconciler
 from receiver.signature import webhook_headers
 from receiver.store.records import EventRecord

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from receiver.config import StoreSettings
+from receiver.config.settings import StoreSettings
 from receiver.store import NewEvent
 from receiver.store.sqlite import SqliteStore
 from tests.support.helpers import wait_for

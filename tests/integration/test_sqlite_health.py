@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from receiver.config import StoreSettings
+from receiver.config.settings import StoreSettings
 from receiver.errors import StoreDamaged
 from receiver.store import NewEvent, open_store
 from receiver.store.sqlite import SqliteStore, health

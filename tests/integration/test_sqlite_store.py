@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from receiver.config import StoreSettings
+from receiver.config.settings import StoreSettings
 from receiver.errors import ConfigError, StoreUnavailable
 from receiver.store import NewEvent, open_store
 from receiver.store.memory import MemoryStore

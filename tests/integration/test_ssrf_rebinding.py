@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 from aiohttp.abc import AbstractResolver, ResolveResult
 
-from receiver.config import SinkSettings
+from receiver.config.settings import SinkSettings
 from receiver.errors import PermanentError
 from receiver.sinks.download import DownloadSink
 from tests.support.downloads import PNG, enriched, loopback_is_public, ref

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from receiver.delivery.redelivery import redeliver_event
 from receiver.errors import UnknownEvent
-from receiver.redelivery import redeliver_event
 from receiver.store import Outcome, Store
 from receiver.store.browse import Cursor, EventQuery
 from tests.integration import test_store_contract as contract

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from receiver.config import StoreSettings
+from receiver.config.settings import StoreSettings
+from receiver.delivery.redelivery import redeliver_event
 from receiver.errors import PayloadError, StoreError, StoreUnavailable, UnknownEvent
-from receiver.redelivery import redeliver_event
 from receiver.store import Outcome, Store, rules
 from receiver.store.lanes_model import DeliveryKey, LanePolicy, LaneResult, LaneStats, Leases
 from receiver.store.memory import MemoryStore

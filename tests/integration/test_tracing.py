@@ -15,9 +15,9 @@ import pytest
 from opentelemetry.trace import SpanKind
 
 from receiver.app import Runtime
-from receiver.config import TracingSettings
-from receiver.config_load import parse_settings
-from receiver.tracing import add_trace_ids
+from receiver.config.load import parse_settings
+from receiver.config.settings import TracingSettings
+from receiver.observe.tracing import add_trace_ids
 from tests.support.helpers import wait_for
 from tests.support.pipeline import download_sink, signed
 from tests.support.pull import receiver_config, serve_simulator

@@ -57,7 +57,7 @@ def test_with_tracing_off_nothing_of_opentelemetry_is_imported():
 import asyncio, json, sys, time
 from aiohttp.test_utils import TestClient, TestServer
 from receiver.app import Runtime
-from receiver.config_load import parse_settings
+from receiver.config.load import parse_settings
 from receiver.signature import webhook_headers
 
 async def main():
@@ -74,7 +74,8 @@ async def main():
                                       event_name="job.completed")
             response = await client.post("/webhooks", data=body, headers=headers)
             assert response.status == 200, response.status
-    loaded = sorted(m for m in sys.modules if m.startswith(("opentelemetry", "receiver.tracing")))
+    traced = ("opentelemetry", "receiver.observe.tracing", "receiver.intake.tracing")
+    loaded = sorted(m for m in sys.modules if m.startswith(traced))
     print(json.dumps(loaded))
 
 asyncio.run(main())

@@ -17,8 +17,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from receiver.app import Runtime
-from receiver.config import TracingSettings
-from receiver.tracing import MAX_QUEUED_SPANS
+from receiver.config.settings import TracingSettings
+from receiver.observe.tracing import MAX_QUEUED_SPANS
 from tests.support.helpers import wait_for
 from tests.support.receivers import captures, http, send, settings_for, settled, upstream
 

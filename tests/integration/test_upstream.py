@@ -22,9 +22,9 @@ from receiver.errors import (
     TransientError,
     UpstreamAuthError,
 )
-from receiver.metrics import Metrics
+from receiver.observe.metrics import Metrics
 from receiver.simulator import Simulator
-from receiver.upstream import UpstreamClient
+from receiver.upstream.client import UpstreamClient
 
 API_KEY = "service_" + "ab" * 32
 

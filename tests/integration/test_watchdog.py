@@ -7,12 +7,12 @@ import pytest
 from structlog.testing import capture_logs
 
 from receiver.app import Runtime
-from receiver.config_load import parse_settings
-from receiver.metrics import Metrics
+from receiver.config.load import parse_settings
+from receiver.observe.metrics import Metrics
 from receiver.simulator import Simulator
 from receiver.simulator.sender import WebhookSender
-from receiver.upstream import UpstreamClient
-from receiver.watchdog import Watchdog
+from receiver.upstream.client import UpstreamClient
+from receiver.upstream.watchdog import Watchdog
 from tests.support.helpers import free_port, wait_for
 from tests.support.upstream import serve_upstream
 

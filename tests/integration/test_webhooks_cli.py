@@ -228,9 +228,9 @@ async def test_a_secrets_file_others_can_read_is_pointed_out(tmp_path, upstream)
 
 
 async def test_register_waits_out_a_429_but_never_repeats_after_a_5xx(tmp_path, upstream) -> None:
-    from receiver import subscriptions
-    from receiver.config_load import load_settings
+    from receiver.config.load import load_settings
     from receiver.errors import ReceiverError
+    from receiver.upstream import subscriptions
 
     sim = upstream
     settings = load_settings(config(tmp_path, sim), env={})

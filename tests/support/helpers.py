@@ -17,7 +17,7 @@ from typing import Any
 
 import aiohttp
 
-from receiver.config_render import toml_value
+from receiver.config.render import toml_value
 from receiver.signature import webhook_headers
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,8 +8,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from receiver.config import Settings
-from receiver.config_load import parse_settings
+from receiver.config.load import parse_settings
+from receiver.config.settings import Settings
 from receiver.signature import webhook_headers
 from receiver.simulator import Simulator
 from tests.support.helpers import wait_for

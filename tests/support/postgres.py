@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from urllib.parse import urlsplit
 
-from receiver.config import StoreSettings
+from receiver.config.settings import StoreSettings
 from tests.support.helpers import free_port
 from tests.support.services import require_service
 

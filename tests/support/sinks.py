@@ -6,8 +6,8 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from receiver.config import SinkSettings
-from receiver.config_load import parse_settings
+from receiver.config.load import parse_settings
+from receiver.config.settings import SinkSettings
 
 
 @contextlib.asynccontextmanager

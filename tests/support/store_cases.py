@@ -53,7 +53,7 @@ UNSTORABLE_IDS = ("ev-\x00", "\x00", "ev-\x00-\x00tail", "ev-é\x00", "ev-\ud800
 async def redeliver(store: Any, *, now: float, **fields: Any) -> int:
     """Send deliveries again as every caller does (a batch, its first step queued at once):
     ``fields`` make the filter (default: every dead delivery); how many were queued."""
-    from receiver.redelivery import start
+    from receiver.delivery.redelivery import start
     from receiver.store.batches import RedeliveryFilter
 
     if "sinks" in fields:

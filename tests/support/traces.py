@@ -9,8 +9,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from receiver.config import TracingSettings
-from receiver.tracing import Tracing
+from receiver.config.settings import TracingSettings
+from receiver.observe.tracing import Tracing
 
 
 def memory_tracing(**settings: Any) -> tuple[Tracing, InMemorySpanExporter]:

@@ -3,7 +3,7 @@ counts as one reconcile made for assets that name no job."""
 
 from __future__ import annotations
 
-from receiver.enrich import without_job
+from receiver.delivery.enrich import without_job
 from receiver.pull.events import unit_job_id
 from receiver.store.asset_ledger import ledger_entries, upstream_time, url_key
 

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from receiver.config_load import load_settings, parse_settings
+from receiver.config.load import load_settings, parse_settings
 from receiver.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]

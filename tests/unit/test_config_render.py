@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import tomllib
 
-from receiver.config import schema
-from receiver.config_load import parse_settings
-from receiver.config_render import render_config, toml_value
-from receiver.config_schema import Key
+from receiver.config.load import parse_settings
+from receiver.config.render import render_config, toml_value
+from receiver.config.schema import Key
+from receiver.config.settings import schema
 
 
 def table_keys() -> list[Key]:

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from receiver.config import Settings, WorkerSettings, schema
-from receiver.config_load import parse_settings
-from receiver.config_schema import (
+from receiver.config.load import parse_settings
+from receiver.config.schema import (
     Section,
     all_keys,
     at_least,
@@ -20,7 +19,8 @@ from receiver.config_schema import (
     required,
     sections,
 )
-from receiver.config_shown import changed_from_defaults
+from receiver.config.settings import Settings, WorkerSettings, schema
+from receiver.config.shown import changed_from_defaults
 from receiver.errors import ConfigError
 from receiver.sinks.registry import COMMON_KEYS, SINK_TYPES
 

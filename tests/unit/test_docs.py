@@ -9,8 +9,8 @@ import re
 from pathlib import Path
 from urllib.parse import unquote
 
-from receiver.config import schema
-from receiver.config_reference import PAGE, render_reference
+from receiver.config.reference import PAGE, render_reference
+from receiver.config.settings import schema
 from receiver.sinks.registry import COMMON_KEYS, SINK_TYPES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,7 +82,7 @@ def test_the_configuration_page_is_what_the_schema_generates() -> None:
             n=1,
         )
         raise AssertionError(
-            f"{PAGE} is out of date with the config schema (receiver/config.py, "
+            f"{PAGE} is out of date with the config schema (receiver/config/settings.py, "
             "receiver/sinks/registry.py): run `make docs` and commit the page.\n"
             + "\n".join(list(diff)[:40])
         )

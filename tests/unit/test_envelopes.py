@@ -11,7 +11,7 @@ import pytest
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 
-from receiver.config_load import parse_settings
+from receiver.config.load import parse_settings
 from receiver.errors import ConfigError
 from receiver.events import Enriched
 from receiver.signature import (

@@ -4,7 +4,7 @@ import re
 import textwrap
 import tomllib
 
-from receiver.config_load import parse_settings
+from receiver.config.load import parse_settings
 from tests.support.helpers import ROOT
 
 HERE = ROOT / "deploy" / "kubernetes-postgres"

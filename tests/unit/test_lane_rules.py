@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from receiver.delivery.lanes import burst_for, lane_result
 from receiver.errors import NotReady, PermanentError, TransientError, UrlRefused
-from receiver.lanes import burst_for, lane_result
 from receiver.store import rules
 from receiver.store.lanes_model import LanePolicy, LaneResult, LaneState
 from receiver.store.records import Outcome

@@ -15,8 +15,8 @@ from prometheus_client import (
 )
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 
-from receiver.loop_metrics import LoopCounter, LoopHistogram
-from receiver.metrics import _SKEW_BUCKETS, WEBHOOK_OUTCOMES, Metrics
+from receiver.observe.loop_metrics import LoopCounter, LoopHistogram
+from receiver.observe.metrics import _SKEW_BUCKETS, WEBHOOK_OUTCOMES, Metrics
 
 SKEWS = (-400.0, -300.0, -299.9, -0.5, 0.0, 0.0, 0.2, 1.0, 4.9, 59.0, 299.0, 300.0, 301.0, 1e9)
 

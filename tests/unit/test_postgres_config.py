@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from receiver.cli.check_config import describe
-from receiver.config_load import parse_settings
+from receiver.config.load import parse_settings
 from receiver.errors import ConfigError
 from receiver.extras import install_hint
 

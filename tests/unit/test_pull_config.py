@@ -2,7 +2,7 @@
 
 import pytest
 
-from receiver.config_load import parse_settings
+from receiver.config.load import parse_settings
 from receiver.errors import ConfigError
 
 BASE = {"webhook": {"secrets": ["whsec_x"]}}

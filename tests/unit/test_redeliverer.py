@@ -4,8 +4,8 @@ webhooks arrive."""
 
 from __future__ import annotations
 
-from receiver.metrics import Metrics
-from receiver.redelivery import Redeliverer, start
+from receiver.delivery.redelivery import Redeliverer, start
+from receiver.observe.metrics import Metrics
 from receiver.store.batches import RedeliveryFilter
 from receiver.store.memory import MemoryStore
 from receiver.store.records import Outcome

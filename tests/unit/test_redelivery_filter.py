@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from receiver.cli.redeliver import bar
-from receiver.redelivery import filter_text, read_filter
+from receiver.delivery.redelivery import filter_text, read_filter
 from receiver.store.batches import BadFilter, Progress, RedeliveryBatch, RedeliveryFilter
 
 NOW = 1_800_000_000.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from receiver.config_load import parse_settings
+from receiver.config.load import parse_settings
 from receiver.errors import ConfigError
 from receiver.sinks.checks import default_stream_subjects
 from receiver.sinks.exec import child_environment, command_limit

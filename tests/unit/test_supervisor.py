@@ -8,8 +8,8 @@ import asyncio
 from structlog.testing import capture_logs
 
 from receiver.app import Runtime
-from receiver.config_load import parse_settings
-from receiver.metrics import Metrics
+from receiver.config.load import parse_settings
+from receiver.observe.metrics import Metrics
 from receiver.store.memory import MemoryStore
 from receiver.supervisor import Supervisor
 from tests.support.helpers import wait_for

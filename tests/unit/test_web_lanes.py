@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from receiver.config import SinkSettings
-from receiver.metrics import Metrics
+from receiver.config.settings import SinkSettings
+from receiver.observe.metrics import Metrics
 from receiver.store.browse import InboxOverview, LaneCounts
 from receiver.web.lanes import DeliveryRates, gauge_counts, lane_rows
 

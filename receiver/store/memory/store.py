@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from receiver.config import StoreSettings
+from receiver.config.settings import StoreSettings
 from receiver.store.memory.browse import MemoryBrowse
 from receiver.store.memory.intake import MemoryIntake
 from receiver.store.memory.lanes import MemoryLanes

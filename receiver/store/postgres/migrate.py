@@ -6,7 +6,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from receiver.config import StoreSettings
+from receiver.config.settings import StoreSettings
 from receiver.errors import StoreUnavailable
 from receiver.logs import get_logger
 from receiver.store.postgres.errors import _DB_ERRORS

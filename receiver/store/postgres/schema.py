@@ -89,7 +89,7 @@ LANES_SCHEMA: tuple[str, ...] = (
 
 
 # Version 6: the event's timeline (receiver.store.steps) and its trace context
-# (receiver.tracing): the span that stored it, when it was stored, and its steps.
+# (receiver.observe.tracing): the span that stored it, when it was stored, and its steps.
 STEPS_SCHEMA: tuple[str, ...] = (
     "ALTER TABLE events ADD COLUMN trace text, ADD COLUMN stored_at double precision",
     """

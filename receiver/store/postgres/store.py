@@ -39,7 +39,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import asyncpg
 
-from receiver.config import StoreSettings
+from receiver.config.settings import StoreSettings
 from receiver.errors import StoreUnavailable
 from receiver.logs import get_logger, redact_url
 from receiver.store import rules

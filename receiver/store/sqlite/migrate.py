@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import aiosqlite
 
-from receiver.config import StoreSettings
+from receiver.config.settings import StoreSettings
 from receiver.errors import StoreUnavailable
 from receiver.store.sqlite.schema import MIGRATIONS, PRAGMA_USER_VERSION, SCHEMA_VERSION
 

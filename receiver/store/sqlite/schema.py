@@ -96,7 +96,7 @@ SCHEMA_V4_PULL: tuple[str, ...] = (*PULL_SCHEMA, "PRAGMA user_version = 4")
 SCHEMA_V5_ASSETS: tuple[str, ...] = (*ASSET_LEDGER_SCHEMA, "PRAGMA user_version = 5")
 
 # Version 6: the event's timeline (receiver.store.steps) and its trace context
-# (receiver.tracing): the span that stored it, when it was stored, and its steps.
+# (receiver.observe.tracing): the span that stored it, when it was stored, and its steps.
 SCHEMA_V6_STEPS: tuple[str, ...] = (
     "ALTER TABLE events ADD COLUMN trace TEXT",
     "ALTER TABLE events ADD COLUMN stored_at REAL",

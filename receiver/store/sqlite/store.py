@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 import aiosqlite
 
-from receiver.config import StoreSettings
+from receiver.config.settings import StoreSettings
 from receiver.errors import ConfigError, StoreUnavailable
 from receiver.store import rules
 from receiver.store.batching import GroupCommit

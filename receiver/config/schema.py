@@ -1,6 +1,6 @@
 """The config schema: every key declared once, on the dataclass field that holds its value.
 
-A section is a frozen dataclass in :mod:`receiver.config` whose fields are declared with
+A section is a frozen dataclass in :mod:`receiver.config.settings` whose fields are declared with
 :func:`key`; the field's annotation is the key's type::
 
     port: int = key(8080, "port of the public listener", check=between(0, 65535))
@@ -16,7 +16,7 @@ For example, a new ``[worker]`` key is one field of ``WorkerSettings`` and one l
     job_max_age_seconds: float = key(300.0, "how long a fetched job is reused", check=positive)
 
 - A new ``[section]``: a dataclass of :func:`key` fields, plus a field of that type in
-  :class:`receiver.config.Settings` (``pull: PullSettings = PullSettings()``).
+  :class:`receiver.config.settings.Settings` (``pull: PullSettings = PullSettings()``).
 - A new array of tables (``[[name]]``): a dataclass of :func:`key` fields (a key without a
   default is required, see :func:`required`), plus a field
   ``name: tuple[Cls, ...] = ()`` of ``Settings``.
@@ -42,7 +42,7 @@ from typing import Any
 # A check returns the problem with a valid-typed value ("must be positive"), or None.
 Check = Callable[[Any], str | None]
 
-_META = "receiver.config_schema"
+_META = "receiver.config.schema"
 
 
 @dataclass(frozen=True)

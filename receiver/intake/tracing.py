@@ -1,6 +1,7 @@
-"""The webhook handler with tracing on: each request a SERVER span (:mod:`receiver.tracing`).
+"""The webhook handler with tracing on: each request a SERVER span
+(:mod:`receiver.observe.tracing`).
 
-A subclass of :class:`~receiver.intake.Intake`, used only when tracing is on, so the plain
+A subclass of :class:`~receiver.intake.endpoint.Intake`, used only when tracing is on, so the plain
 handler stays as it is: intake with tracing off pays nothing, not even an import. The span
 carries the HTTP semantic conventions and ``receiver.event.id``, ``receiver.event.name``,
 ``receiver.job.id`` and ``receiver.outcome``; the stored event keeps the span's context, which
@@ -15,10 +16,10 @@ from aiohttp import web
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
-from receiver.intake import Intake
+from receiver.intake.endpoint import Intake
+from receiver.observe.tracing import Tracing
 from receiver.store.base import Store
 from receiver.store.records import NewEvent
-from receiver.tracing import Tracing
 
 
 class _StampedStore:

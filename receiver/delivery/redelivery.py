@@ -19,11 +19,11 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from receiver.config_schema import did_you_mean
+from receiver.config.schema import did_you_mean
 from receiver.errors import StoreError, UnknownEvent
 from receiver.humantime import iso_utc, parse_when
 from receiver.logs import get_logger
-from receiver.metrics import Metrics
+from receiver.observe.metrics import Metrics
 from receiver.store.base import Store
 from receiver.store.batches import STEP_EVENTS, RedeliveryBatch, RedeliveryFilter, filter_from
 

@@ -40,11 +40,11 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from receiver import __version__
-from receiver.config import TracingSettings
+from receiver.config.settings import TracingSettings
 from receiver.logs import add_processor, redact_query_strings, remove_processor
+from receiver.observe.timeline import Call
 from receiver.store.base import Store
 from receiver.store.records import NewEvent
-from receiver.timeline import Call
 
 #: Spans waiting for the exporter at most (then the oldest are dropped), and sent per request.
 MAX_QUEUED_SPANS = 2048

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from receiver.config import schema
-from receiver.config_schema import Key
+from receiver.config.schema import Key
+from receiver.config.settings import schema
 from receiver.signature import new_standard_webhooks_secret
 
 _HELP_COLUMN = 34

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Collection
 
-from receiver.enrich import Enricher
+from receiver.delivery.enrich import Enricher
 from receiver.store.asset_ledger import ledger_entries
 from receiver.store.base import Store
 from receiver.store.records import EventRecord, Snapshot

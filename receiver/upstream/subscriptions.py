@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 
-from receiver.config import Settings
+from receiver.config.settings import Settings
 from receiver.errors import (
     ConfigError,
     PermanentError,
@@ -34,7 +34,7 @@ from receiver.errors import (
 )
 from receiver.logs import redact_url
 from receiver.secrets import append_secret
-from receiver.upstream import UpstreamClient
+from receiver.upstream.client import UpstreamClient
 
 T = TypeVar("T")
 #: Tries of one upstream call answered with 429 or 5xx.

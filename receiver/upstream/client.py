@@ -15,8 +15,8 @@ this module)::
 Each request is counted in ``receiver_upstream_requests_total{endpoint,status}`` (the endpoint is
 the route template, the status the HTTP status or ``timeout`` / ``error``) and timed in
 ``receiver_upstream_request_seconds{endpoint}``, and noted for the event's timeline
-(:mod:`receiver.timeline`), from which, with tracing on, it becomes a CLIENT span of the event's
-trace. The API
+(:mod:`receiver.observe.timeline`), from which, with tracing on, it becomes a CLIENT span of the
+event's trace. The API
 key and signed URLs' query strings are never logged, put in an exception message or a span.
 """
 
@@ -33,9 +33,9 @@ import aiohttp
 from receiver import __version__
 from receiver.errors import PermanentError, TransientError, UpstreamAuthError
 from receiver.logs import get_logger, redact_url
-from receiver.metrics import Metrics
+from receiver.observe.metrics import Metrics
+from receiver.observe.timeline import Call, note_call
 from receiver.retry import parse_retry_after
-from receiver.timeline import Call, note_call
 
 log = get_logger(__name__)
 

@@ -1,9 +1,9 @@
 """Configuration: frozen dataclasses loaded from a TOML file and ``RECEIVER_*`` variables.
 
 Every key is declared once, in the section dataclasses below, with its type, default, check and
-one line of help (see :mod:`receiver.config_schema` for how to add a key or a section).
-:func:`~receiver.config_load.load_settings` reads the file and checks every key, the ``[[sinks]]``
-tables too (:mod:`receiver.config_sinks`, against each sink type's keys); this module, below
+one line of help (see :mod:`receiver.config.schema` for how to add a key or a section).
+:func:`~receiver.config.load.load_settings` reads the file and checks every key, the ``[[sinks]]``
+tables too (:mod:`receiver.config.sinks`, against each sink type's keys); this module, below
 both, imports neither. Secrets may come from the environment instead of the file:
 ``RECEIVER_WEBHOOK_SECRETS`` (comma-separated), ``RECEIVER_API_KEY``, ``RECEIVER_ADMIN_TOKEN``,
 and ``RECEIVER_STORE_URL`` (replaces ``store.url``).
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from receiver.config_schema import (
+from receiver.config.schema import (
     Section,
     at_least,
     between,
@@ -315,7 +315,7 @@ class SinkSettings:
 
 @dataclass(frozen=True)
 class Settings:
-    """The whole configuration: one field per section (see :mod:`receiver.config_schema`)."""
+    """The whole configuration: one field per section (see :mod:`receiver.config.schema`)."""
 
     server: ServerSettings = ServerSettings()
     webhook: WebhookSettings = WebhookSettings()

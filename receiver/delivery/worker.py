@@ -6,7 +6,8 @@ A :class:`Worker` runs, in one process:
   at once), fetches the fresh job and assets once per event and stores them with it; a failure
   backs off on the event, and after ``worker.max_attempts`` every pending delivery of the event
   is dead with that error (``events redeliver`` recovers it);
-- one :class:`~receiver.lanes.Lane` per sink, each claiming only what that sink may send now;
+- one :class:`~receiver.delivery.lanes.Lane` per sink, each claiming only what that sink may
+  send now;
 - the lease heartbeat, extending the leases of everything in flight.
 
 Every claim is leased: a worker that dies loses its claims when the lease runs out and another
@@ -26,16 +27,16 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from receiver.attempts import Attempt, Notes
-from receiver.config import Settings
-from receiver.enrich import Enricher
+from receiver.config.settings import Settings
+from receiver.delivery.attempts import Attempt, Notes
+from receiver.delivery.enrich import Enricher
+from receiver.delivery.lanes import Finish, Lane, LaneContext, policy_for
+from receiver.delivery.snapshots import Snapshots
 from receiver.errors import DeliveryError, StoreError, TransientError, UnknownEvent
-from receiver.lanes import Finish, Lane, LaneContext, policy_for
 from receiver.logs import get_logger
-from receiver.metrics import Metrics
+from receiver.observe.metrics import Metrics
 from receiver.retry import RetryPolicy
 from receiver.sinks.base import Sink
-from receiver.snapshots import Snapshots
 from receiver.store.asset_ledger import ledger_entries
 from receiver.store.base import Store
 from receiver.store.lanes_model import DeliveryKey, LanePolicy, Leases, new_lease_owner
@@ -43,7 +44,7 @@ from receiver.store.records import EventRecord, Outcome
 from receiver.supervisor import Supervisor
 
 if TYPE_CHECKING:
-    from receiver.tracing import Tracing
+    from receiver.observe.tracing import Tracing
 
 log = get_logger("receiver.worker")
 

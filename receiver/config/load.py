@@ -1,10 +1,10 @@
-"""Reading a config: the TOML file, every section of :mod:`receiver.config` and the
-``[[sinks]]`` tables (:mod:`receiver.config_sinks`), checked together.
+"""Reading a config: the TOML file, every section of :mod:`receiver.config.settings` and the
+``[[sinks]]`` tables (:mod:`receiver.config.sinks`), checked together.
 
 :func:`load_settings` reads the file, checks every key (unknown keys, wrong types, out-of-range
 values, sink tables) and raises one :class:`~receiver.errors.ConfigError` listing every problem,
 each naming its key. This module stands above both: the sections know nothing of the sink
-types, and the sink tables build on the sections' :class:`~receiver.config.SinkSettings`.
+types, and the sink tables build on the sections' :class:`~receiver.config.settings.SinkSettings`.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from receiver.config import Settings, schema
-from receiver.config_schema import Section, build_table, did_you_mean
-from receiver.config_sinks import build_sinks
+from receiver.config.schema import Section, build_table, did_you_mean
+from receiver.config.settings import Settings, schema
+from receiver.config.sinks import build_sinks
 from receiver.errors import ConfigError
 
 

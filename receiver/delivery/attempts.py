@@ -1,6 +1,6 @@
 """What a worker notes about each job fetch and delivery attempt: its steps for the event's
-timeline (:mod:`receiver.timeline`) and, with tracing on, its span (:mod:`receiver.tracing`,
-imported by whoever turns tracing on, never here).
+timeline (:mod:`receiver.observe.timeline`) and, with tracing on, its span
+(:mod:`receiver.observe.tracing`, imported by whoever turns tracing on, never here).
 
 ``async with``-free: :meth:`Notes.fetch` and :meth:`Notes.delivery` are context managers around
 the work; inside, the upstream calls are recorded, the span (if any) is current and
@@ -14,12 +14,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from receiver.observe.timeline import Call, attempt_step, call_steps, exemplar_of, recording
 from receiver.store.records import EventRecord
 from receiver.store.steps import Step
-from receiver.timeline import Call, attempt_step, call_steps, exemplar_of, recording
 
 if TYPE_CHECKING:
-    from receiver.tracing import Tracing
+    from receiver.observe.tracing import Tracing
 
 
 @dataclass
@@ -109,6 +109,6 @@ class Notes:
 
 
 def _traceparent() -> str | None:
-    from receiver.tracing import current_traceparent  # tracing is on: already imported
+    from receiver.observe.tracing import current_traceparent  # tracing is on: already imported
 
     return current_traceparent()

@@ -11,9 +11,10 @@ A send's result tells its lane (see :func:`lane_result`): a 429/503 with ``Retry
 the whole lane until then; consecutive failures open its circuit (the lane pauses, then sends one
 probe). Deliveries reuse the event's stored snapshot while it is younger than
 ``worker.job_max_age_seconds`` and fetch it again otherwise
-(:class:`~receiver.snapshots.Snapshots`); a download whose signed URL was refused fetches those
-assets again and tries once more at once. Each attempt's steps go into the event's timeline and,
-with tracing on, its span (:mod:`receiver.attempts`).
+(:class:`~receiver.delivery.snapshots.Snapshots`); a download whose signed URL was refused fetches
+those assets again and tries once more at once. Each attempt's steps go into the event's timeline
+and,
+with tracing on, its span (:mod:`receiver.delivery.attempts`).
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ from dataclasses import dataclass
 import structlog
 
 from receiver import faults
-from receiver.attempts import Attempt, Notes
-from receiver.enrich import Enricher
+from receiver.delivery.attempts import Attempt, Notes
+from receiver.delivery.enrich import Enricher
+from receiver.delivery.snapshots import Snapshots
 from receiver.errors import (
     DeliveryError,
     NotReady,
@@ -42,10 +44,10 @@ from receiver.errors import (
 )
 from receiver.events import Enriched
 from receiver.logs import get_logger
-from receiver.metrics import Metrics
+from receiver.observe.metrics import Metrics
+from receiver.observe.timeline import exemplar_of
 from receiver.retry import RetryPolicy
 from receiver.sinks.base import Sink
-from receiver.snapshots import Snapshots
 from receiver.store.base import Store
 from receiver.store.lanes_model import (
     DeliveryKey,
@@ -57,7 +59,6 @@ from receiver.store.lanes_model import (
 )
 from receiver.store.records import EventRecord, EventState, Outcome
 from receiver.store.steps import Step
-from receiver.timeline import exemplar_of
 
 log = get_logger("receiver.lanes")
 

@@ -19,7 +19,7 @@ from typing import TextIO
 
 import aiohttp
 
-from receiver.config import Settings
+from receiver.config.settings import Settings
 from receiver.errors import UnknownEvent
 from receiver.signature import Signer
 

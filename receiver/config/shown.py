@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from receiver.config import Settings, schema
+from receiver.config.settings import Settings, schema
 
 
 def changed_from_defaults(settings: Settings) -> list[str]:

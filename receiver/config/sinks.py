@@ -2,7 +2,8 @@
 
 Each sink type declares its keys in :mod:`receiver.sinks.registry` (which imports no broker
 library); this module checks a config's sink tables against it and makes each a
-:class:`~receiver.config.SinkSettings` (:mod:`receiver.config_load` calls it for every config).
+:class:`~receiver.config.settings.SinkSettings` (:mod:`receiver.config.load` calls it for every
+config).
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from receiver.config import SinkSettings
-from receiver.config_schema import did_you_mean, typed_values
+from receiver.config.schema import did_you_mean, typed_values
+from receiver.config.settings import SinkSettings
 from receiver.sinks.checks import check_envelope
 from receiver.sinks.registry import COMMON_KEYS, SINK_TYPES, Option
 

@@ -19,10 +19,10 @@ from typing import Any
 
 from aiohttp import web
 
-from receiver import pauses, redelivery
-from receiver.config import Settings
+from receiver.config.settings import Settings
+from receiver.delivery import pauses, redelivery
 from receiver.errors import StoreError
-from receiver.intake import error_response, page_window
+from receiver.intake.endpoint import error_response, page_window
 from receiver.store.base import Store
 from receiver.store.batches import BadFilter, UnknownBatch
 from receiver.store.lanes_model import LaneStats

@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from receiver.config import Settings
-from receiver.config_schema import did_you_mean
+from receiver.config.schema import did_you_mean
+from receiver.config.settings import Settings
 from receiver.logs import get_logger
 from receiver.store.base import Store
 from receiver.store.lanes_model import LanePause, LaneState, LaneStats

@@ -24,8 +24,8 @@ from typing import Any
 
 from receiver.errors import ReceiverError
 from receiver.logs import get_logger
-from receiver.metrics import Metrics
-from receiver.upstream import UpstreamClient
+from receiver.observe.metrics import Metrics
+from receiver.upstream.client import UpstreamClient
 
 log = get_logger("receiver.watchdog")
 

@@ -23,7 +23,7 @@ import signal
 import sys
 from collections.abc import Callable
 
-from receiver.config import MAX_PROCESSES, Settings
+from receiver.config.settings import MAX_PROCESSES, Settings
 from receiver.errors import ReceiverError
 from receiver.logs import get_logger
 

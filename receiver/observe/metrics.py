@@ -10,7 +10,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_LATEST
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 
-from receiver.loop_metrics import LoopCounter, LoopHistogram
+from receiver.observe.loop_metrics import LoopCounter, LoopHistogram
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 OPENMETRICS_TYPE = OPENMETRICS_LATEST
@@ -41,7 +41,7 @@ class Metrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         # The families intake counts for every webhook: plain numbers in the event loop, read by
-        # a custom collector at scrape time (receiver.loop_metrics).
+        # a custom collector at scrape time (receiver.observe.loop_metrics).
         self.webhook_requests = LoopCounter(
             "receiver_webhook_requests",
             "Webhook requests on the public listener, by outcome.",

@@ -20,11 +20,11 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from receiver import faults
-from receiver.config import Settings
+from receiver.config.settings import Settings
 from receiver.errors import PayloadError, SignatureError, StoreError
 from receiver.logs import get_logger
-from receiver.loop_metrics import Count
-from receiver.metrics import WEBHOOK_OUTCOMES, Metrics
+from receiver.observe.loop_metrics import Count
+from receiver.observe.metrics import WEBHOOK_OUTCOMES, Metrics
 from receiver.secrets import SecretBox
 from receiver.signature import LEGACY_SIGNATURE_HEADER, SIGNATURE_HEADER
 from receiver.signature import check as check_signature
@@ -165,7 +165,7 @@ class Intake:
         # Decided once: at other levels an accepted webhook costs no logging work at all.
         self._log_accepted = settings.log.level == "debug"
         # Counter series resolved once; each is a plain number the loop adds to
-        # (receiver.loop_metrics).
+        # (receiver.observe.loop_metrics).
         self._outcomes = {o: metrics.webhook_requests.labels(o) for o in WEBHOOK_OUTCOMES}
         self._accepted = self._outcomes["accepted"]
         self._duplicate = self._outcomes["duplicate"]

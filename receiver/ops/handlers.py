@@ -1,5 +1,5 @@
 """The ops listener's handlers: health, readiness, metrics and the admin API (an incident's
-half, redelivery batches and lane pauses, is :mod:`receiver.ops_incident`)."""
+half, redelivery batches and lane pauses, is :mod:`receiver.ops.incident`)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from typing import Any
 
 from aiohttp import web
 
-from receiver.config import Settings
+from receiver.config.settings import Settings
+from receiver.delivery.redelivery import redeliver_event, start
 from receiver.errors import StoreError, UnknownEvent
-from receiver.intake import error_response, page_window
-from receiver.metrics import CONTENT_TYPE, OPENMETRICS_TYPE, Metrics
-from receiver.ops_incident import IncidentAdmin
+from receiver.intake.endpoint import error_response, page_window
+from receiver.observe.metrics import CONTENT_TYPE, OPENMETRICS_TYPE, Metrics
+from receiver.ops.incident import IncidentAdmin
 from receiver.pull.admin import WatchAdmin
-from receiver.redelivery import redeliver_event, start
 from receiver.store.base import Store
 from receiver.store.batches import RedeliveryFilter
 from receiver.store.records import EVENT_STATES
@@ -127,7 +127,7 @@ class Ops:
         return web.json_response({"data": data})
 
     async def redeliver(self, request: web.Request) -> web.Response:
-        """Every sink of the event again: a batch of one event (receiver.redelivery)."""
+        """Every sink of the event again: a batch of one event (receiver.delivery.redelivery)."""
         try:
             batch = await redeliver_event(
                 self._store,
