@@ -34,8 +34,8 @@ from bench.common import (
     receiver_config,
     scratch,
 )
+from receiver.config.sink_types import SINK_TYPES
 from receiver.signature import webhook_headers
-from receiver.sinks.registry import SINK_TYPES
 
 CALLS_PER_EVENT = 2  # GET /jobs/{id}, then GET /assets/{id}
 TARGET_RATIO = 0.9

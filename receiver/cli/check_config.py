@@ -86,8 +86,8 @@ def lane_summary(settings: Settings, sink: SinkSettings) -> str:
 
 def format_summary(sink: SinkSettings) -> str:
     """What a sink sends: its envelope and, for a signed HTTP forward, the signature scheme."""
+    from receiver.outbound.envelopes import Envelope
     from receiver.signature import SERVICE_SCHEME
-    from receiver.sinks.envelopes import Envelope
 
     envelope = Envelope(sink.options)
     shown = f"{envelope.kind} ({envelope.mode} mode)" if envelope.cloudevents else envelope.kind

@@ -26,7 +26,7 @@ For example, a new ``[worker]`` key is one field of ``WorkerSettings`` and one l
 Types: ``str``, ``int``, ``float`` (an integer is accepted), ``bool``, ``tuple[str, ...]``
 (a TOML list of strings), ``dict[str, str]`` (a TOML table of strings), each optionally
 ``| None`` (default None: unset). ``[[sinks]]`` tables are the exception: each sink type declares
-its keys in :mod:`receiver.sinks.registry`.
+its keys in :mod:`receiver.config.sink_types`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``[[sinks]]`` tables: the keys common to every sink and each type's own keys.
 
-Each sink type declares its keys in :mod:`receiver.sinks.registry` (which imports no broker
+Each sink type declares its keys in :mod:`receiver.config.sink_types` (which imports no broker
 library); this module checks a config's sink tables against it and makes each a
 :class:`~receiver.config.settings.SinkSettings` (:mod:`receiver.config.load` calls it for every
 config).
@@ -13,8 +13,8 @@ from typing import Any
 
 from receiver.config.schema import did_you_mean, typed_values
 from receiver.config.settings import SinkSettings
-from receiver.sinks.checks import check_envelope
-from receiver.sinks.registry import COMMON_KEYS, SINK_TYPES, Option
+from receiver.config.sink_checks import check_envelope
+from receiver.config.sink_types import COMMON_KEYS, SINK_TYPES, Option
 
 
 def build_sinks(raw: Any, problems: list[str]) -> list[SinkSettings]:

@@ -1,1 +1,2 @@
-"""Sinks: where enriched events go. One module per type; see :mod:`receiver.sinks.registry`."""
+"""Sinks: where enriched events go, one module per type. Each type's keys are declared in
+:mod:`receiver.config.sink_types`; what the sinks send is built by :mod:`receiver.outbound`."""

@@ -15,7 +15,7 @@ and, on a named exchange, bound with ``binding_key``. The connection is made on 
 made again after any failure, so a broker restart heals by itself.
 
 With ``envelope = "cloudevents"`` the message follows the CloudEvents AMQP binding
-(:mod:`receiver.sinks.envelopes`): structured, the body is the CloudEvent JSON with
+(:mod:`receiver.outbound.envelopes`): structured, the body is the CloudEvent JSON with
 ``content_type`` ``application/cloudevents+json``; binary, the body stays the enriched event and
 the attributes ride as ``cloudEvents_*`` headers. The properties and headers above stay.
 """
@@ -35,9 +35,9 @@ from receiver.config.settings import SinkSettings
 from receiver.errors import TransientError
 from receiver.events import Enriched
 from receiver.logs import get_logger, redact_url
+from receiver.outbound.envelopes import Envelope, trace_headers
+from receiver.outbound.template import render, routing_fields
 from receiver.sinks.base import SinkContext
-from receiver.sinks.envelopes import Envelope, trace_headers
-from receiver.sinks.template import render, routing_fields
 
 log = get_logger(__name__)
 

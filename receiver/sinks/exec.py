@@ -12,7 +12,7 @@ on a timeout (or when the receiver gives up on the attempt) the whole process gr
 so no child is left behind. A command that does not exist or is not executable is dead at once.
 
 With ``envelope = "cloudevents"``, stdin is the CloudEvent in the JSON event format instead
-(:mod:`receiver.sinks.envelopes`).
+(:mod:`receiver.outbound.envelopes`).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from receiver.config.settings import SinkSettings
 from receiver.errors import PermanentError, TransientError
 from receiver.events import Enriched
+from receiver.outbound.envelopes import Envelope
 from receiver.sinks.base import SinkContext
-from receiver.sinks.envelopes import Envelope
 
 STDERR_TAIL_BYTES = 2000
 READ_CHUNK = 4096

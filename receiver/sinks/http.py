@@ -8,7 +8,7 @@ sends with its webhooks (:func:`receiver.signature.webhook_headers`), keyed with
 (:func:`receiver.signature.verify`). With ``signing = "standard-webhooks"`` it carries
 ``webhook-id`` (the event id), ``webhook-timestamp`` and ``webhook-signature``, keyed with a
 ``whsec_<base64>`` secret, for any Standard Webhooks library. The body and its content headers
-follow the sink's ``envelope`` (:mod:`receiver.sinks.envelopes`).
+follow the sink's ``envelope`` (:mod:`receiver.outbound.envelopes`).
 
 Any 2xx is success; 410 Gone marks the delivery dead at once (the consumer says it will never
 take it); every other answer, a network error or the sink's ``timeout_seconds`` running out is a
@@ -25,9 +25,9 @@ import aiohttp
 from receiver.config.settings import SinkSettings
 from receiver.events import Enriched
 from receiver.logs import redact_url
+from receiver.outbound.envelopes import Envelope, trace_headers
 from receiver.signature import SERVICE_SCHEME, Signer
 from receiver.sinks.base import SinkContext
-from receiver.sinks.envelopes import Envelope, trace_headers
 from receiver.sinks.posting import post
 
 GONE = 410

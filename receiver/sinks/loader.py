@@ -6,10 +6,10 @@ import importlib
 import importlib.util
 
 from receiver.config.settings import Settings, SinkSettings
+from receiver.config.sink_types import SINK_TYPES
 from receiver.errors import ConfigError
 from receiver.extras import install_hint
 from receiver.sinks.base import Sink, SinkContext
-from receiver.sinks.registry import SINK_TYPES
 
 
 def missing_extras(settings: Settings) -> list[str]:

@@ -16,7 +16,7 @@ The connection is made on first use and made again, on the next attempt, after i
 so a NATS restart heals by itself while the worker's backoff paces the attempts.
 
 With ``envelope = "cloudevents"`` the message follows the CloudEvents NATS binding
-(:mod:`receiver.sinks.envelopes`): structured, the payload is the CloudEvent JSON with a
+(:mod:`receiver.outbound.envelopes`): structured, the payload is the CloudEvent JSON with a
 ``Content-Type: application/cloudevents+json`` header; binary, the payload stays the enriched
 event and every attribute rides as a ``ce-*`` header.
 """
@@ -35,13 +35,13 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from receiver.config.settings import SinkSettings
+from receiver.config.sink_checks import default_stream_subjects
 from receiver.errors import TransientError
 from receiver.events import Enriched
 from receiver.logs import get_logger, redact_url
+from receiver.outbound.envelopes import Envelope, trace_headers
+from receiver.outbound.template import render, routing_fields
 from receiver.sinks.base import SinkContext
-from receiver.sinks.checks import default_stream_subjects
-from receiver.sinks.envelopes import Envelope, trace_headers
-from receiver.sinks.template import render, routing_fields
 
 log = get_logger(__name__)
 

@@ -2,7 +2,7 @@
 
 An entry has three fields: ``event_id``, ``event`` (the event name) and ``data`` (the enriched
 event as JSON; with ``envelope = "cloudevents"``, the CloudEvent in the JSON event format, see
-:mod:`receiver.sinks.envelopes`), and with tracing on a fourth, ``traceparent`` (the delivery
+:mod:`receiver.outbound.envelopes`), and with tracing on a fourth, ``traceparent`` (the delivery
 attempt's W3C trace context). ``maxlen`` trims the stream approximately (``MAXLEN ~``),
 which Redis does cheaply, a whole node at a time.
 
@@ -30,8 +30,8 @@ from receiver.config.settings import SinkSettings
 from receiver.errors import PermanentError, TransientError
 from receiver.events import Enriched
 from receiver.logs import get_logger, redact_url
+from receiver.outbound.envelopes import Envelope, trace_headers
 from receiver.sinks.base import SinkContext
-from receiver.sinks.envelopes import Envelope, trace_headers
 
 log = get_logger(__name__)
 

@@ -3,7 +3,7 @@
 ``format`` picks the body: ``slack`` (``{"text", "blocks"}``), ``discord`` (``{"content",
 "embeds"}``, mentions disabled), ``teams`` (an Office 365 message card) or ``generic`` (the text
 plus the event's fields as JSON). The text is ``template`` with the event's named fields (see
-:mod:`receiver.sinks.template`), or by default one line naming the event, the job type and id,
+:mod:`receiver.outbound.template`), or by default one line naming the event, the job type and id,
 the item and, for failures, the job's error. Values from the event are escaped for Slack's
 markup, so an item name cannot mention ``@channel`` or forge a link.
 
@@ -24,10 +24,10 @@ import aiohttp
 
 from receiver.config.settings import SinkSettings
 from receiver.events import Enriched
+from receiver.outbound.envelopes import trace_headers
+from receiver.outbound.template import asset_urls, event_fields, render
 from receiver.sinks.base import SinkContext
-from receiver.sinks.envelopes import trace_headers
 from receiver.sinks.posting import origin, post
-from receiver.sinks.template import asset_urls, event_fields, render
 
 COLOUR_OK = 0x2EB67D
 COLOUR_FAILED = 0xE01E5A

@@ -19,8 +19,8 @@ from standardwebhooks import Webhook
 
 from receiver.cli import main
 from receiver.config.load import load_settings
+from receiver.outbound.envelopes import Envelope
 from receiver.signature import new_standard_webhooks_secret
-from receiver.sinks.envelopes import Envelope
 from receiver.sinks.http import HttpSink
 from tests.support.cli import assert_one_clean_line, run_cli
 from tests.support.helpers import ROOT, write_config

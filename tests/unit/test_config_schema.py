@@ -21,8 +21,8 @@ from receiver.config.schema import (
 )
 from receiver.config.settings import Settings, WorkerSettings, schema
 from receiver.config.shown import changed_from_defaults
+from receiver.config.sink_types import COMMON_KEYS, SINK_TYPES
 from receiver.errors import ConfigError
-from receiver.sinks.registry import COMMON_KEYS, SINK_TYPES
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "config.example.toml"

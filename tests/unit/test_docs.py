@@ -11,7 +11,7 @@ from urllib.parse import unquote
 
 from receiver.config.reference import PAGE, render_reference
 from receiver.config.settings import schema
-from receiver.sinks.registry import COMMON_KEYS, SINK_TYPES
+from receiver.config.sink_types import COMMON_KEYS, SINK_TYPES
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -83,7 +83,7 @@ def test_the_configuration_page_is_what_the_schema_generates() -> None:
         )
         raise AssertionError(
             f"{PAGE} is out of date with the config schema (receiver/config/settings.py, "
-            "receiver/sinks/registry.py): run `make docs` and commit the page.\n"
+            "receiver/config/sink_types.py): run `make docs` and commit the page.\n"
             + "\n".join(list(diff)[:40])
         )
 

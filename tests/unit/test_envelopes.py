@@ -14,13 +14,13 @@ from standardwebhooks.webhooks import WebhookVerificationError
 from receiver.config.load import parse_settings
 from receiver.errors import ConfigError
 from receiver.events import Enriched
+from receiver.outbound.envelopes import Envelope, percent_encode
 from receiver.signature import (
     Signer,
     new_standard_webhooks_secret,
     standard_webhooks_key,
     webhook_headers,
 )
-from receiver.sinks.envelopes import Envelope, percent_encode
 from tests.support.outbound import assert_is_the_event, from_amqp, from_http, from_nats
 from tests.support.peers import enriched_event
 

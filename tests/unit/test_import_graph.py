@@ -152,15 +152,52 @@ PACKAGES = sorted(
 
 @pytest.mark.parametrize("package", PACKAGES)
 def test_the_rooms_of_each_package_import_each_other_without_a_cycle(package: str) -> None:
-    """Inside ``receiver/`` (and each package in it), a subpackage counts as one room: e.g.
-    ``config`` (the sections) stands below both ``sinks/`` (built on it) and ``config_sinks``
-    (the ``[[sinks]]`` tables, checked against the sink types), so it imports neither; in
-    ``receiver.store`` the backends stand on the interface, the interface on the model."""
+    """Inside ``receiver/`` (and each package in it), a subpackage counts as one room: e.g. the
+    stages at the top (``config/``, ``intake/``, ``delivery/``, ...) import each other in one
+    direction only, whichever of their modules the imports go through; in ``receiver.store``
+    the backends stand on the interface, the interface on the model."""
     graph = rooms(import_graph(), package)
     cycle = find_cycle(graph)
     assert cycle is None, f"import cycle between the rooms of {package}: " + " -> ".join(
         cycle or []
     )
+
+
+def test_the_room_check_finds_a_cycle_no_module_closes() -> None:
+    """Two packages whose modules import each other's other modules: no module cycle, but the
+    packages depend on each other, and the rooms of their parent say so."""
+    graph = {
+        "receiver.a.x": {"receiver.b.y"},
+        "receiver.b.z": {"receiver.a.w"},
+        "receiver.a.w": set(),
+        "receiver.b.y": set(),
+    }
+    assert find_cycle(graph) is None
+    assert find_cycle(rooms(graph, "receiver")) == ["receiver.a", "receiver.b", "receiver.a"]
+
+
+# The stages of an event's path, one package each, and the packages beside them.
+STAGES = ("config", "intake", "delivery", "upstream", "ops", "observe")
+BESIDE = ("store", "sinks", "outbound", "pull", "cli", "simulator", "web")
+
+
+def test_the_top_level_is_packages_by_stage_and_a_few_loose_modules() -> None:
+    """A newcomer reads the architecture from the folder names; what stays loose is what every
+    stage uses (errors, events, logs, signatures, retry policy, ...) or the wiring (app,
+    server)."""
+    for name in STAGES + BESIDE:
+        assert (ROOT / name / "__init__.py").is_file(), name
+    loose = sorted(p.stem for p in ROOT.glob("*.py") if not p.name.startswith("__"))
+    assert len(loose) <= 13, f"{len(loose)} loose modules: {loose}"
+
+
+def test_config_and_what_sinks_send_stand_below_every_stage() -> None:
+    """The configuration (with the sink types' keys) and the outbound formats are read by every
+    stage, so they import none of them."""
+    graph = rooms(import_graph(), "receiver")
+    stages = {f"receiver.{name}" for name in STAGES + BESIDE + ("app", "server")}
+    assert graph["receiver.config"] & stages == {"receiver.outbound"}
+    assert graph["receiver.outbound"] == {"receiver.events"}
 
 
 def test_the_config_sections_import_nothing_built_on_them() -> None:

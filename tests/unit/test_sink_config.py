@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from receiver.config.load import parse_settings
+from receiver.config.sink_checks import default_stream_subjects
 from receiver.errors import ConfigError
-from receiver.sinks.checks import default_stream_subjects
+from receiver.outbound.template import field_names, render, template_problems
 from receiver.sinks.exec import child_environment, command_limit
-from receiver.sinks.template import field_names, render, template_problems
 from tests.support.peers import enriched_event
 
 MINIMAL_SINKS = [
@@ -180,7 +180,7 @@ def test_template_fields():
     event = enriched_event(
         assets=({"id": "a1", "type": "image", "file_url": "https://f/a1.png?sig=x"},)
     )
-    from receiver.sinks.template import event_fields
+    from receiver.outbound.template import event_fields
 
     fields = event_fields(event)
     assert render("{event} {job_id} {url_image} {url_video} {{}}", fields) == (
@@ -231,7 +231,7 @@ def test_config_example_documents_every_sink_type_and_key():
     import re
     import tomllib
 
-    from receiver.sinks.registry import SINK_TYPES
+    from receiver.config.sink_types import SINK_TYPES
     from tests.support.helpers import ROOT
 
     text = (ROOT / "config.example.toml").read_text()
@@ -251,8 +251,8 @@ def test_config_example_documents_every_sink_type_and_key():
 
 
 def test_default_chat_text():
+    from receiver.outbound.template import event_fields
     from receiver.sinks.slack import default_text
-    from receiver.sinks.template import event_fields
 
     one = enriched_event(assets=({"id": "a1", "type": "logo", "file_url": "https://f/a1"},))
     assert default_text(event_fields(one)) == (
@@ -269,7 +269,7 @@ def test_each_sink_module_is_named_after_its_type():
     """One place to look for a type's code: ``type = "redis"`` lives in receiver/sinks/redis.py."""
     import importlib
 
-    from receiver.sinks.registry import SINK_TYPES
+    from receiver.config.sink_types import SINK_TYPES
 
     for name, sink_type in SINK_TYPES.items():
         assert sink_type.module == f"receiver.sinks.{name}"

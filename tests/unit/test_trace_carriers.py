@@ -8,8 +8,8 @@ import json
 
 import pytest
 
+from receiver.outbound.envelopes import Envelope, trace_headers
 from receiver.sinks.amqp import AmqpSink
-from receiver.sinks.envelopes import Envelope, trace_headers
 from receiver.sinks.exec import child_environment
 from tests.support.peers import enriched_event
 from tests.support.sinks import sink_settings

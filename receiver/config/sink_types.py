@@ -11,9 +11,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from receiver.config import sink_checks as checks
+from receiver.outbound.envelopes import ENVELOPES, MODES
 from receiver.signature import SCHEMES
-from receiver.sinks import checks
-from receiver.sinks.envelopes import ENVELOPES, MODES
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class SinkType:
     options: dict[str, Option] = field(default_factory=dict)
     extra: str | None = None  # pip extra, e.g. "redis"
     import_name: str | None = None  # the library the extra provides
-    # Checks across keys and of values (URL schemes, templates); see receiver.sinks.checks.
+    # Checks across keys and of values (URL schemes, templates); see receiver.config.sink_checks.
     check: Callable[[Mapping[str, Any]], list[str]] | None = None
     # The lane's rate_limit_per_second when the config gives none (0 = unlimited).
     default_rate: float = 0.0
@@ -56,7 +56,7 @@ COMMON_KEYS: dict[str, Option] = {
     "timeout_seconds": Option((int, float), default=60.0, help="limit for one delivery"),
 }
 
-# Keys of every sink that carries the enriched event (see receiver.sinks.envelopes).
+# Keys of every sink that carries the enriched event (see receiver.outbound.envelopes).
 ENVELOPE_KEYS: dict[str, Option] = {
     "envelope": Option(
         str, choices=ENVELOPES, help="receiver (the enriched event JSON; default) or cloudevents"

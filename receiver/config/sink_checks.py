@@ -12,9 +12,14 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+from receiver.outbound.envelopes import CLOUDEVENTS
+from receiver.outbound.template import (
+    MESSAGE_FIELDS,
+    ROUTING_FIELDS,
+    field_names,
+    template_problems,
+)
 from receiver.signature import STANDARD_WEBHOOKS_SCHEME, standard_webhooks_key
-from receiver.sinks.envelopes import CLOUDEVENTS
-from receiver.sinks.template import MESSAGE_FIELDS, ROUTING_FIELDS, field_names, template_problems
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
