@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 CONFIG ?= config.example.toml
 
 .DEFAULT_GOAL := help
-.PHONY: help install run simulate install-all test lint format typecheck check clean
+.PHONY: help install run simulate install-all test test-slow lint format typecheck check clean
 
 help:  ## list the targets (this text)
 	@echo "usage: make TARGET   (every target creates .venv when it needs it)"
@@ -45,8 +45,13 @@ simulate: $(VENV)/.installed  ## start the local upstream stand-in on 127.0.0.1:
 demo: $(VENV)/.installed  ## simulator + receiver, a mix of events with faults, a report; < 1 min
 	$(BIN)/python -m receiver.simulator.demo
 
-test: $(VENV)/.installed-dev  ## the whole suite
-	$(BIN)/pytest -q
+# The suite runs in TEST_WORKERS processes (pytest-xdist): most tests wait on sockets, processes
+# and timers, so four workers keep two cores busy. TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 4
+test: $(VENV)/.installed-dev  ## the whole suite, in TEST_WORKERS processes (default 4); < 5 min
+	$(BIN)/pytest -q -n $(TEST_WORKERS)
+
+test-slow: test-durability  ## the proofs too long for `make test` (.ci/run runs both)
 
 lint: $(VENV)/.installed-dev  ## ruff check and format check
 	$(BIN)/ruff check receiver tests bench
