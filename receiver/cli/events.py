@@ -23,7 +23,6 @@ from receiver.cli.common import (
     with_config,
 )
 from receiver.config.settings import Settings
-from receiver.delivery.redelivery import redeliver_event, start
 from receiver.errors import UnknownEvent
 from receiver.humantime import ago, iso_utc, parse_since
 from receiver.store import open_existing_store
@@ -262,13 +261,17 @@ async def tail(
 async def redeliver(store: Store, args: argparse.Namespace, now: float) -> str:
     """A redelivery batch (receiver.delivery.redelivery): one event (every sink or ``--sink``), or
     every dead delivery; its first step is queued now, a running receiver queues the rest."""
+    from receiver.delivery import redelivery  # only this subcommand needs it (and its metrics)
+
     by = cli_user()
     if args.dead:
-        batch = await start(store, RedeliveryFilter(status="dead"), created_by=by, now=now)
+        batch = await redelivery.start(
+            store, RedeliveryFilter(status="dead"), created_by=by, now=now
+        )
         rest = batch.matched - batch.queued
         more = f"; a running receiver queues the other {rest}" if batch.queuing and rest else ""
         return f"{batch.queued} dead deliveries made pending again (batch {batch.id}){more}"
-    batch = await redeliver_event(store, args.id, sink=args.sink, created_by=by, now=now)
+    batch = await redelivery.redeliver_event(store, args.id, sink=args.sink, created_by=by, now=now)
     if args.sink is None:
         return f"{batch.queued} deliveries of {args.id} made pending again"
     if not batch.queued:

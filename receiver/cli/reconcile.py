@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from receiver.cli.common import (
     EXIT_USAGE,
@@ -22,8 +22,10 @@ from receiver.cli.common import (
 )
 from receiver.config.settings import Settings
 from receiver.humantime import parse_since
-from receiver.pull.reconcile import Reconciler, ReconcileSummary
 from receiver.store.pull import valid_job_id
+
+if TYPE_CHECKING:  # the command's body imports it: `receiver --help` needs no HTTP client
+    from receiver.pull.reconcile import ReconcileSummary
 
 BAR_WIDTH = 30
 
@@ -85,6 +87,7 @@ async def _reconcile(
 ) -> ReconcileSummary:
     import aiohttp
 
+    from receiver.pull.reconcile import Reconciler
     from receiver.store import open_store
     from receiver.upstream.client import UpstreamClient
 

@@ -19,26 +19,12 @@ from typing import TextIO
 
 import aiohttp
 
+from receiver.cli.signing import payload_fields
 from receiver.config.settings import Settings
 from receiver.errors import UnknownEvent
 from receiver.signature import Signer
 
 _BAR_WIDTH = 30
-
-
-def event_fields(body: bytes) -> tuple[str | None, str | None]:
-    """The ``id`` and ``event`` of a payload, when it is a JSON object that has them."""
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return None, None
-    if not isinstance(data, dict):
-        return None, None
-    event_id, name = data.get("id"), data.get("event")
-    return (
-        event_id if isinstance(event_id, str) else None,
-        name if isinstance(name, str) else None,
-    )
 
 
 class Progress:
@@ -97,7 +83,7 @@ async def replay(
     slots = asyncio.Semaphore(max(1, concurrency))
 
     async def send(session: aiohttp.ClientSession, label: str, body: bytes) -> None:
-        event_id, name = event_fields(body)
+        event_id, name = payload_fields(body)
         async with slots:
             headers = signer.headers(body, int(time.time()), event_id=event_id, event_name=name)
             try:

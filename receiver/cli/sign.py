@@ -7,8 +7,13 @@ import time
 from typing import Any
 
 from receiver.cli.common import EXIT_USAGE, CommandError, read_payload, with_config
-from receiver.cli.replayer import event_fields
-from receiver.cli.signing import add_scheme_argument, curl_command, target_signer, target_url
+from receiver.cli.signing import (
+    add_scheme_argument,
+    curl_command,
+    payload_fields,
+    target_signer,
+    target_url,
+)
 
 
 def add_parser(commands: Any) -> None:
@@ -42,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("sign needs a payload FILE")
     body = read_payload(args.file)
     timestamp = args.timestamp if args.timestamp is not None else int(time.time())
-    event_id, name = event_fields(body)
+    event_id, name = payload_fields(body)
     url = target_url(args.curl, args) if args.curl is not None else None
     signer = target_signer(args, "sign")
     if signer is None:

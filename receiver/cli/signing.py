@@ -5,6 +5,7 @@ scheme (``--scheme``), and the ready-to-run curl command ``sign --curl`` prints.
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 from collections.abc import Mapping
@@ -84,3 +85,18 @@ def target_signer(args: argparse.Namespace, command: str) -> Signer | None:
         given = "--secret" if args.secret else "the config's secret"
         print(f"receiver: {command}: {given} {exc}", file=sys.stderr)
         return None
+
+
+def payload_fields(body: bytes) -> tuple[str | None, str | None]:
+    """The ``id`` and ``event`` of a payload, when it is a JSON object that has them."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None, None
+    if not isinstance(data, dict):
+        return None, None
+    event_id, name = data.get("id"), data.get("event")
+    return (
+        event_id if isinstance(event_id, str) else None,
+        name if isinstance(name, str) else None,
+    )
