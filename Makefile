@@ -47,8 +47,12 @@ demo: $(VENV)/.installed  ## simulator + receiver, a mix of events with faults, 
 
 # The suite runs in TEST_WORKERS processes (pytest-xdist): most tests wait on sockets, processes
 # and timers, so four workers keep two cores busy. TEST_WORKERS=0 runs it in one process.
+# The tests start hundreds of `receiver` processes: the sources are compiled once first, so none
+# of them compiles them again (as each would where PYTHONDONTWRITEBYTECODE is set).
 TEST_WORKERS ?= 4
+COMPILE := $(BIN)/python -m compileall -q receiver tests bench
 test: $(VENV)/.installed-dev  ## the whole suite, in TEST_WORKERS processes (default 4); < 5 min
+	@$(COMPILE)
 	$(BIN)/pytest -q -n $(TEST_WORKERS)
 
 test-slow: test-durability  ## the proofs too long for `make test` (.ci/run runs both)
@@ -243,6 +247,7 @@ fuzz: $(VENV)/.installed-dev  ## the webhook fuzz test, FUZZ_EXAMPLES requests (
 
 DURABILITY_RUNS ?= 20
 test-durability: $(VENV)/.installed-dev  ## kill -9 of a SQLite receiver while commands run beside it, DURABILITY_RUNS times (default 20)
+	@$(COMPILE)
 	RECEIVER_DURABILITY_RUNS=$(DURABILITY_RUNS) $(BIN)/pytest -q -p no:cacheprovider \
 		tests/faults/test_commands_beside_serve.py
 
