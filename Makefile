@@ -53,7 +53,7 @@ TEST_WORKERS ?= 4
 COMPILE := $(BIN)/python -m compileall -q receiver tests bench
 test: $(VENV)/.installed-dev  ## the whole suite, in TEST_WORKERS processes (default 4); < 5 min
 	@$(COMPILE)
-	$(BIN)/pytest -q -n $(TEST_WORKERS)
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 test-slow: test-durability  ## the proofs too long for `make test` (.ci/run runs both)
 

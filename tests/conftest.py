@@ -65,3 +65,20 @@ def restore_structlog_config():
     saved = dict(structlog.get_config())
     yield
     structlog.configure(**saved)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``make test``: ``--dist loadgroup``), the tests that share one of our
+    module-scoped fixtures (a receiver process, a browser, a Prometheus) run in one worker, so it
+    is set up once rather than once in each worker; every other test goes wherever a worker is
+    free. (Fixtures of plugins, whose ``baseid`` is empty, do not count.)"""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        shared = any(
+            defs and defs[-1].scope != "function" and defs[-1].baseid
+            for defs in info.name2fixturedefs.values()
+        )
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))

@@ -135,3 +135,53 @@ def count_from_another_process(db: Path) -> int:
         [sys.executable, "-c", script, str(db)], capture_output=True, text=True, check=True
     )
     return int(done.stdout)
+
+
+async def test_the_checkpointer_syncs_what_it_copies_through_sqlites_descriptor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pages a background checkpoint copied are synced by it, off the commit path (not left for
+    the writer's WAL-restarting checkpoint to flush while intake waits), through a descriptor
+    SQLite holds: the store never opens the file itself."""
+    from receiver.store.sqlite import file_sync
+
+    synced: list[str] = []
+    real = file_sync.os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(file_sync.os, "fdatasync", fdatasync)
+    db = tmp_path / "inbox.db"
+    store = SqliteStore(StoreSettings(url=f"sqlite:///{db}"))
+    await store.open()
+    try:
+        await asyncio.gather(*(store.add_event(event(n)) for n in range(600)))
+
+        async def synced_once() -> bool:
+            return str(db) in synced
+
+        await wait_for(synced_once, 10, 0.05, "the checkpointer to sync the database file")
+        assert locks_on(os.getpid(), db), "this process lost its lock on the file"
+        assert count_from_another_process(db) == 600
+        assert Path(f"{db}-wal").exists()
+    finally:
+        await store.close()
+
+
+def test_file_sync_needs_a_descriptor_sqlite_holds(tmp_path: Path) -> None:
+    """Without a connection of this process on the file there is nothing to sync through (and
+    nothing is opened to make one); with one, the sync leaves its locks in place."""
+    from receiver.store.sqlite.file_sync import FileSync
+
+    db = tmp_path / "inbox.db"
+    with closing(sqlite3.connect(db, isolation_level=None)) as conn:
+        conn.execute("PRAGMA journal_mode = wal")
+        conn.execute("CREATE TABLE t (x)")
+        conn.execute("INSERT INTO t VALUES (1)")
+        held = locks_on(os.getpid(), db)
+        assert held
+        assert FileSync(db).sync() is True
+        assert locks_on(os.getpid(), db) == held
+    assert FileSync(db).sync() is False

@@ -15,6 +15,7 @@ from receiver.store.sqlite.faults import _DB_ERRORS, _close_quietly
 from receiver.store.sqlite.schema import CHECKPOINT, CHECKPOINT_TRUNCATE, PRAGMA_SETTINGS
 
 if TYPE_CHECKING:
+    from receiver.store.sqlite.file_sync import FileSync
     from receiver.store.sqlite.writer_turns import WriterTurns
 
 
@@ -23,11 +24,10 @@ if TYPE_CHECKING:
 # reaches the WAL's end ends with an fsync of the database file, which every other fsync on the
 # disk waits behind.
 #
-# Nothing here (nor anywhere in the receiver) opens the database, -wal or -shm file through a
-# descriptor of its own: closing any descriptor of a file drops every POSIX lock this process
-# holds on it, SQLite's included. Another process closing its last connection would then take
-# this one for gone and delete the WAL it still writes into (SQLite's "How To Corrupt An SQLite
-# Database File", 2.2.1). Only SQLite's own connections touch those files.
+# Pages a checkpoint copied are synced through SQLite's own descriptor of the database file
+# (.file_sync): nothing here, nor anywhere in the receiver, opens the database, -wal or -shm file
+# through a descriptor of its own, whose close would drop every POSIX lock this process holds on
+# it, SQLite's included.
 CHECKPOINT_EVERY_ITEMS = 500
 CHECKPOINT_INTERVAL_SECONDS = 1.0
 CHECKPOINT_RETRY_SECONDS = 0.05
@@ -45,6 +45,7 @@ class SqliteCheckpoints:
         _since_checkpoint: int
         _wal_long: bool
         _turns: WriterTurns
+        _file_sync: FileSync
         _intake: aiosqlite.Connection | None
 
         async def _connect(self, *, query_only: bool = False) -> aiosqlite.Connection: ...
@@ -76,6 +77,8 @@ class SqliteCheckpoints:
                     conn = None  # the writers report the fault; try again later
                     self._since_checkpoint += 1
                     continue
+                if copied:
+                    await asyncio.to_thread(self._file_sync.sync)
                 self._wal_long = wal_pages >= WAL_RESTART_PAGES
                 if copied < wal_pages and self._since_checkpoint:
                     # Behind a busy writer: go again soon, without waiting for the next batch.

@@ -51,6 +51,7 @@ from receiver.store.sqlite.faults import (
     _is_busy,
     _unavailable,
 )
+from receiver.store.sqlite.file_sync import FileSync
 from receiver.store.sqlite.health import check_inbox
 from receiver.store.sqlite.intake import ROWS_PER_STATEMENT, _Add, write_group
 from receiver.store.sqlite.lanes import SqliteLanes
@@ -155,6 +156,7 @@ class SqliteStore(SqlLanes, SqlBrowse, SqlPull, SqlSteps, SqliteCheckpoints, Sql
         # Loop-bound objects are made in open(): a store may be reopened on another event loop.
         self._adds: GroupCommit[_Add, bool] | None = None
         self._turns = WriterTurns(self.path, busy_timeout)
+        self._file_sync = FileSync(self.path)
         self._read_lock: asyncio.Lock | None = None
         self._checkpoint_due: asyncio.Event | None = None
         self._checkpointer: asyncio.Task[None] | None = None
