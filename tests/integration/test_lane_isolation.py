@@ -6,7 +6,7 @@ upstream -> real HTTP peers), on SQLite and on Postgres:
 - the fast sinks (a download and an http consumer that answers at once) take at most
   ``MAX_RATIO`` times as long for ``EVENTS`` events with a paced chat sink and an http sink that
   never answers configured beside them as without them (both measured here, same events; on a
-  busy machine a second pair of runs decides when the first misses);
+  busy machine more pairs of runs are made while the fastest of each kind miss);
 - the paced chat sink never exceeds its rate: any window of ``WINDOW`` seconds holds at most
   ``rate * WINDOW + burst`` messages (a token bucket holds at most one second of its rate);
 - two replicas on one Postgres hold one lane to its rate together, not each.
@@ -40,7 +40,7 @@ CHAT_RATE = 5.0
 WINDOW = 2.0
 HANG_TIMEOUT = 2.0
 SENDING = 16  # webhooks in flight at once
-ROUNDS = 2  # pairs of runs at most
+ROUNDS = 3  # pairs of runs at most
 WARM_UP = 30  # events through a receiver before the measured runs
 
 StoreFactory = Callable[[], Awaitable[dict[str, Any]]]
@@ -214,8 +214,11 @@ async def test_a_paced_and_a_hanging_sink_hold_back_neither_fast_sink(
     await fast_sinks_seconds(runtime, client, warm_up, timeout=60)
     await runtime.close()
     ratios: list[str] = []
-    # On a machine shared with other builds one pair of runs can be unlucky: a second pair
-    # decides then (a lane held back by its neighbours misses both by far).
+    fastest: dict[str, float] = {}
+    # On a machine shared with other work (the suite's other workers, other builds) one pair of
+    # runs can be unlucky: load only ever adds time, so the fastest run of each kind so far is
+    # compared, and another pair is run while they miss (a lane held back by its neighbours
+    # misses every time, by far).
     for _round in range(ROUNDS):
         runtime, client = await receivers(await new_store(), fast_sinks(tmp_path, consumer))
         alone = await fast_sinks_seconds(runtime, client, payloads, timeout=60)
@@ -235,7 +238,9 @@ async def test_a_paced_and_a_hanging_sink_hold_back_neither_fast_sink(
         watched = time.monotonic() - watched
         await runtime.close()  # before its store goes
 
-        ratio = beside / alone
+        fastest["alone"] = min(alone, fastest.get("alone", alone))
+        fastest["beside"] = min(beside, fastest.get("beside", beside))
+        ratio = fastest["beside"] / fastest["alone"]
         ratios.append(f"{beside:.2f} s beside the slow sinks vs {alone:.2f} s alone")
         print(
             f"lanes: fast sinks {alone:.2f} s alone, {beside:.2f} s beside ({ratio:.2f}x); chat "

@@ -26,7 +26,8 @@ def deleted_inbox_files(pid: int | str, db: Path) -> list[str]:
 
 
 def locks_on(pid: int, path: Path) -> list[str]:
-    """The POSIX locks process ``pid`` holds on ``path`` (lines of /proc/locks)."""
+    """The POSIX locks process ``pid`` holds on ``path`` (lines of /proc/locks, without their
+    ordinal, which changes as other locks come and go)."""
     inode = path.stat().st_ino
     held = []
     for line in Path("/proc/locks").read_text().splitlines():
@@ -35,5 +36,5 @@ def locks_on(pid: int, path: Path) -> list[str]:
             continue
         mine = len(fields) >= 6 and fields[1] == "POSIX" and fields[4] == str(pid)
         if mine and fields[5].rsplit(":", 1)[-1] == str(inode):
-            held.append(line)
+            held.append(" ".join(fields[1:]))
     return held
