@@ -258,10 +258,8 @@ def serve_config(tmp_path: Path) -> Path:
     )
 
 
-async def test_serve_rebuilds_wrong_indexes_with_one_warning(tmp_path: Path) -> None:
-    db = tmp_path / "inbox.db"
-    ids = await build(db)
-    damage.change_behind_index(db, DAMAGED, SHIFT)
+async def served_once(tmp_path: Path) -> ReceiverProcess:
+    """``receiver serve`` started on the inbox under ``tmp_path``, ready, then stopped (exit 0)."""
     receiver = ReceiverProcess(serve_config(tmp_path), role="intake")
     receiver.start()
     try:
@@ -269,6 +267,14 @@ async def test_serve_rebuilds_wrong_indexes_with_one_warning(tmp_path: Path) -> 
         assert receiver.terminate() == 0
     finally:
         receiver.stop()
+    return receiver
+
+
+async def test_serve_rebuilds_wrong_indexes_with_one_warning(tmp_path: Path) -> None:
+    db = tmp_path / "inbox.db"
+    ids = await build(db)
+    damage.change_behind_index(db, DAMAGED, SHIFT)
+    receiver = await served_once(tmp_path)
     lines = [line for line in receiver.log().splitlines() if "store.sqlite.health" in line]
     assert len(lines) == 1, receiver.log()
     assert '"level": "warning"' in lines[0] and "events_state_received" in lines[0]
@@ -281,13 +287,7 @@ async def test_serve_rebuilds_wrong_indexes_with_one_warning(tmp_path: Path) -> 
 async def test_serve_on_a_healthy_inbox_says_nothing_of_it(tmp_path: Path) -> None:
     db = tmp_path / "inbox.db"
     await build(db)
-    receiver = ReceiverProcess(serve_config(tmp_path), role="intake")
-    receiver.start()
-    try:
-        await receiver.wait_ready()
-        assert receiver.terminate() == 0
-    finally:
-        receiver.stop()
+    receiver = await served_once(tmp_path)
     log = receiver.log()
     assert "store.sqlite.health" not in log and '"level": "warning"' not in log, log
     assert backups(db) == []
