@@ -16,7 +16,6 @@ server would go to a file nobody reads again). ``make test-durability`` runs it
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import random
 from pathlib import Path
@@ -82,6 +81,8 @@ async def test_sigkill_beside_commands_loses_no_acknowledged_event(
             await asyncio.sleep(0.05)
         unwatched = upstream.add_job("image", webhook=False)["job_id"]
         for command in commands(acked[0], unwatched):
+            if killed.is_set():
+                break
             code, _out, err = await run_cli(*command, "--config", str(config), cwd=tmp_path)
             assert code == 0, (command, err)
             ran.append(command)
@@ -99,9 +100,9 @@ async def test_sigkill_beside_commands_loses_no_acknowledged_event(
             proc.kill()
             killed.set()
             await asyncio.gather(*senders)
-            commands_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, AssertionError):
-                await commands_task
+            # The command under way when the server died ends on its own (the commands use the
+            # inbox file, not the server); no more start.
+            await commands_task
 
         db = tmp_path / "inbox.db"
         assert integrity(db) == "ok"

@@ -26,7 +26,13 @@ async def run_cli(
         env={**os.environ, **(env or {})},
         cwd=cwd or ROOT,
     )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+    except BaseException:  # cancelled or timed out: the process and its pipes go too
+        if proc.returncode is None:
+            proc.kill()
+        await asyncio.shield(proc.communicate())
+        raise
     return proc.returncode, out.decode(), err.decode()
 
 
