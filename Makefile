@@ -147,6 +147,19 @@ image-smoke:  ## the Dockerfile's build steps in a throwaway virtualenv
 		[render.ENVIRONMENT.get_template(t) for t in render.ENVIRONMENT.list_templates()]"
 	rm -rf $(IMAGE_SMOKE)
 
+# --- the release's packages: what `pip install` of a release gets ----------------------------
+# The sdist and the wheel built into dist/ (the wheel from the sdist, so the sdist must be
+# whole), checked as a package index would (twine check --strict: the metadata, and the README
+# rendering as the project's description), then tests/package: what each archive holds, and the
+# wheel installed with its dependencies into a throwaway virtualenv under build/ and run there
+# (`receiver --version`, then `receiver init` and `receiver migrate` on a fresh SQLite inbox).
+.PHONY: package
+package: $(VENV)/.installed-dev  ## sdist and wheel built, checked with twine check --strict, the wheel installed in a clean venv and run
+	rm -rf dist
+	$(BIN)/python -m build --quiet --outdir dist .
+	$(BIN)/twine check --strict dist/*
+	$(BIN)/python -m tests.package --dist dist --work build/package-check --python $(PYTHON)
+
 # --- the container image, built and run for real --------------------------------------------
 # No Docker engine or registry is needed: the base is Debian's own python3 (debootstrap, made
 # once and kept as $(IMAGE_BASE)), podman builds deploy/docker/Dockerfile on it (--format docker
@@ -158,6 +171,13 @@ IMAGE ?= localhost/receiver
 IMAGE_BASE ?= localhost/receiver-python-base:$(shell sha256sum deploy/docker/debian-base.sh | cut -c1-12)
 IMAGE_EXTRAS ?= postgres,otel
 IMAGE_COMMANDS := podman:podman buildah:buildah debootstrap:debootstrap
+# The image's OCI labels: the release (receiver/__init__.py), the commit it is built from, and
+# SOURCE_URL, where its source lives (e.g. `make image SOURCE_URL=https://...`; else "unknown").
+VERSION = $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' receiver/__init__.py)
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+SOURCE_URL ?=
+IMAGE_LABELS = --build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) \
+	$(if $(SOURCE_URL),--build-arg SOURCE_URL=$(SOURCE_URL))
 
 .PHONY: image-tools image image-test
 image-tools:  ## podman, buildah and debootstrap, from Debian, only when missing
@@ -168,7 +188,7 @@ image: image-tools  ## build $(IMAGE) from Debian packages only, and print its s
 		echo "building the base image $(IMAGE_BASE) with debootstrap (a few minutes, once)"; \
 		$(SUDO) deploy/docker/debian-base.sh $(IMAGE_BASE); }
 	@started=$$(date +%s); \
-	for target in "--target build -t $(IMAGE)-build" "-t $(IMAGE)"; do \
+	for target in "--target build -t $(IMAGE)-build" "-t $(IMAGE) $(IMAGE_LABELS)"; do \
 		$(SUDO) podman build --isolation chroot --network host --format docker \
 			--build-arg PYTHON_IMAGE=$(IMAGE_BASE) --build-arg EXTRAS=$(IMAGE_EXTRAS) \
 			-f deploy/docker/Dockerfile $$target . || exit 1; \
@@ -181,7 +201,7 @@ image: image-tools  ## build $(IMAGE) from Debian packages only, and print its s
 
 image-test: image $(VENV)/.installed-dev  ## run the image: SQLite, then two containers on Postgres
 	$(SUDO) env RECEIVER_REQUIRE_SERVICES="$$RECEIVER_REQUIRE_SERVICES" \
-		$(BIN)/python -m tests.image --image $(IMAGE)
+		$(BIN)/python -m tests.image --image $(IMAGE) --revision $(REVISION)
 
 # --- Postgres: the store contract, outages, migrations and three replicas on one inbox --------
 .PHONY: test-postgres

@@ -10,6 +10,7 @@ talks to the library, so callers never see a driver's exception::
     ├── PayloadError                a verified webhook whose body is not a valid event
     ├── StoreError                  the inbox could not be read or written
     │   ├── StoreUnavailable        the store is down or read-only; intake answers 503
+    │   │   └── StoreNewer          a newer release wrote the inbox: this one does not open it
     │   └── StoreDamaged            the SQLite inbox's file is damaged: the receiver does not start
     ├── UnknownEvent                no event with that id in the inbox
     └── DeliveryError               one processing attempt failed (has ``retry_after``)
@@ -23,6 +24,8 @@ The docstring of each class is its default message.
 """
 
 from __future__ import annotations
+
+from receiver import __version__
 
 
 class ReceiverError(Exception):
@@ -63,6 +66,19 @@ class StoreError(ReceiverError):
 
 class StoreUnavailable(StoreError):
     """The inbox is unavailable."""
+
+
+class StoreNewer(StoreUnavailable):
+    """The inbox was written by a newer release than this one."""
+
+    def __init__(self, inbox: str, version: int, known: int) -> None:
+        self.version = version  # the inbox's schema version
+        self.known = known  # the newest this release knows
+        super().__init__(
+            f"{inbox} has schema version {version}, newer than this receiver knows: a newer "
+            f"release wrote it, and this one ({__version__}) knows up to version {known}; "
+            "upgrade the receiver or restore a backup taken before that upgrade"
+        )
 
 
 class StoreDamaged(StoreError):

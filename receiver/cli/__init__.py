@@ -30,7 +30,8 @@ from receiver.cli import (
     webhooks,
 )
 from receiver.cli.common import EXIT_FAILED, EXIT_USAGE, Parser, quiet_closed_pipe
-from receiver.errors import ConfigError, ReceiverError
+from receiver.errors import ConfigError, ReceiverError, StoreNewer
+from receiver.store.schema_version import SCHEMA_VERSION
 
 
 class Command(Protocol):
@@ -73,7 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
         "`receiver simulate --config config.toml --events 20 --until-done` sends it events. "
         "`receiver COMMAND --help` explains each command.",
     )
-    parser.add_argument("--version", action="version", version=f"receiver {__version__}")
+    # `receiver X.Y.Z (schema N)`: the release and the inbox schema version it writes.
+    parser.add_argument(
+        "--version", action="version", version=f"receiver {__version__} (schema {SCHEMA_VERSION})"
+    )
     commands = parser.add_subparsers(
         dest="command", required=True, parser_class=Parser, metavar="COMMAND"
     )
@@ -90,6 +94,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"receiver: config: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    except StoreNewer as exc:  # this release must not touch the inbox: as a bad config would
+        print(f"receiver: {exc.message}", file=sys.stderr)
         return EXIT_USAGE
     except ReceiverError as exc:
         print(f"receiver: {exc.message}", file=sys.stderr)

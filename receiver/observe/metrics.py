@@ -5,12 +5,14 @@ Each :class:`Metrics` owns its registry, so several receivers (tests) can live i
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_LATEST
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 
+from receiver import __version__
 from receiver.observe.loop_metrics import LoopCounter, LoopHistogram
+from receiver.store.schema_version import SCHEMA_VERSION
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 OPENMETRICS_TYPE = OPENMETRICS_LATEST
@@ -40,6 +42,13 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        # receiver_build_info{version,schema} 1: which release runs, and the inbox schema it writes.
+        self.build_info = Info(
+            "receiver_build",
+            "The receiver's release and the inbox schema version it writes (always 1).",
+            registry=r,
+        )
+        self.build_info.info({"version": __version__, "schema": str(SCHEMA_VERSION)})
         # The families intake counts for every webhook: plain numbers in the event loop, read by
         # a custom collector at scrape time (receiver.observe.loop_metrics).
         self.webhook_requests = LoopCounter(

@@ -26,10 +26,10 @@ class Reporter:
         print(f"[{time.monotonic() - self.started:6.1f}s] {self.section:9} {line}", flush=True)
 
 
-async def inspect(image: str, work: Path, say: Reporter) -> dict[str, object]:
+async def inspect(image: str, revision: str | None, work: Path, say: Reporter) -> dict[str, object]:
     meta = await inspect_image(image)
     say(f"{image}: {int(meta['Size']) / 1e6:.0f} MB")
-    for line in audit.declared(meta):
+    for line in audit.declared(meta) + audit.labelled(meta, revision):
         say(line)
     container = Container(image, f"receiver-image-test-audit-{os.getpid()}", work / "audit.log")
     await container.create()
@@ -46,13 +46,14 @@ async def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.image", description=__doc__)
     parser.add_argument("--image", default="localhost/receiver:latest")
     parser.add_argument("--only", choices=("sqlite", "postgres"))
+    parser.add_argument("--revision", help="the commit the image was built from (its label)")
     args = parser.parse_args(argv)
     say = Reporter()
     work = Path(tempfile.mkdtemp(prefix="receiver-image-test-"))
     work.chmod(0o755)
     try:
         say.section = "image"
-        meta = await inspect(args.image, work, say)
+        meta = await inspect(args.image, args.revision, work, say)
         if args.only != "postgres":
             say.section = "sqlite"
             (work / "sqlite").mkdir()

@@ -1,8 +1,9 @@
 """What the image holds and declares, read from its metadata and its mounted filesystem.
 
-Promises: a non-root user; an exec-form entrypoint ``receiver``; a HEALTHCHECK; no secrets in
-its environment, config or package configuration; none of the project's tests or sources; no
-pip or apt caches; no compilers or build tools.
+Promises: a non-root user; an exec-form entrypoint ``receiver``; a HEALTHCHECK; the OCI labels
+naming this release and the commit it was built from; no secrets in its environment, config or
+package configuration; none of the project's tests or sources; no pip or apt caches; no
+compilers or build tools.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from receiver import __version__
 from tests.image.container import check, command
 from tests.support.helpers import ROOT
 
@@ -55,6 +57,25 @@ def declared(meta: dict[str, Any]) -> list[str]:
         f"user {user}, entrypoint {config['Entrypoint']} {config['Cmd']}, HEALTHCHECK {test[1:]}",
         "no secret in the image's environment",
     ]
+
+
+OCI = "org.opencontainers.image."
+
+
+def labelled(meta: dict[str, Any], revision: str | None) -> list[str]:
+    """Check the image's OCI labels: this release, the commit ``make image`` passed (any commit
+    when ``revision`` is None), a source and a title."""
+    labels = meta["Config"].get("Labels") or {}
+    version = labels.get(OCI + "version")
+    check(version == __version__, f"label {OCI}version {version!r}, not {__version__!r}")
+    built_from = labels.get(OCI + "revision")
+    if revision is None:
+        check(built_from and built_from != "unknown", f"label {OCI}revision {built_from!r}")
+    else:
+        check(built_from == revision, f"label {OCI}revision {built_from!r}, not {revision!r}")
+    for name in ("source", "title", "description"):
+        check(labels.get(OCI + name), f"no label {OCI}{name}")
+    return [f"labels: version {version}, revision {built_from}, source {labels[OCI + 'source']}"]
 
 
 @contextlib.asynccontextmanager

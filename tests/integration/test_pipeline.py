@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from receiver import __version__
 from receiver.app import Runtime
 from receiver.config.load import parse_settings
+from receiver.store.schema_version import SCHEMA_VERSION
 from tests.support.expect import expected_files
 from tests.support.helpers import wait_for
 from tests.support.pipeline import download_settings, settled
@@ -281,6 +283,8 @@ async def test_ops_listener(pipeline, aiohttp_client):
     ):
         assert family in text, family
     assert 'receiver_inbox_events{state="done"} 1.0' in text
+    build = f'receiver_build_info{{schema="{SCHEMA_VERSION}",version="{__version__}"}} 1.0'
+    assert build in text.splitlines()
     listing = await (await ops.get("/admin/events")).json()
     assert listing["data"][0]["id"] == payload["id"]
     shown = await (await ops.get(f"/admin/events/{payload['id']}")).json()
