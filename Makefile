@@ -210,7 +210,8 @@ test-postgres: $(VENV)/.installed-dev  ## the Postgres tests alone (PostgreSQL o
 		tests/integration/test_pull_store.py
 	RECEIVER_REQUIRE_SERVICES=1 $(BIN)/pytest -q tests/integration/test_migrate_cli.py \
 		tests/integration/test_postgres_store.py tests/integration/test_postgres_outage.py \
-		tests/integration/test_postgres_replicas.py tests/integration/test_pull_replicas.py
+		tests/integration/test_postgres_replicas.py tests/integration/test_pull_replicas.py \
+		tests/upgrade/test_rolling_upgrade.py
 
 # --- Benchmarks and the long fuzz run (bench/; never part of `make test`) ---------------------
 # Each benchmark measures its baselines in the same run and prints ratios; BENCH_ARGS passes
