@@ -2,13 +2,15 @@
 
 ``RECEIVER_FAULT_INJECT=<point>[:<n>]`` makes the process exit at once (``os._exit``, no cleanup,
 no flushing: as close to ``kill -9`` as a process can do to itself) the ``n``-th time (default: the
-first) it reaches ``<point>``. The tests use it to crash at the two moments a random SIGKILL
+first) it reaches ``<point>``. The tests use it to crash at the moments a random SIGKILL
 rarely hits:
 
 - ``after_commit``: intake has committed an event and not yet sent the 2xx (the upstream retries,
   and the retry must be acknowledged as a duplicate, not stored twice);
 - ``after_sink_success``: a sink has delivered and the delivery is not yet settled (the event is
-  delivered again after the restart: at-least-once, and the redelivery must be harmless).
+  delivered again after the restart: at-least-once, and the redelivery must be harmless);
+- ``mid_migration``: a schema migration has run and the transaction holding every pending one
+  is not yet committed (the inbox must keep its old version, and the next run migrate it).
 
 Before exiting, one line ``fault injected: <point>`` goes to stderr. An unknown point name stops
 the process at start-up with exit code 2. Never set this variable in production.
@@ -20,7 +22,7 @@ import os
 import sys
 
 ENV_VAR = "RECEIVER_FAULT_INJECT"
-POINTS = frozenset({"after_commit", "after_sink_success"})
+POINTS = frozenset({"after_commit", "after_sink_success", "mid_migration"})
 EXIT_CODE = 86
 
 

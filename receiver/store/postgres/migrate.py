@@ -6,8 +6,9 @@ import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from receiver import faults
 from receiver.config.settings import StoreSettings
-from receiver.errors import StoreUnavailable
+from receiver.errors import StoreNewer, StoreUnavailable
 from receiver.logs import get_logger
 from receiver.store.postgres.errors import _DB_ERRORS
 from receiver.store.postgres.schema import (
@@ -22,11 +23,14 @@ from receiver.store.postgres.schema import (
     SCHEMA_VERSION_QUERY,
     _quote_ident,
 )
+from receiver.store.sql.versions import behind
 
 log = get_logger("receiver.store.postgres")
 
 #: Statements of a migration, and waiting for another replica's migration, may take this long.
 MIGRATION_TIMEOUT_SECONDS = 600.0
+#: The crash point (``RECEIVER_FAULT_INJECT``) reached after each migration, before the commit.
+FAULT_POINT = "mid_migration"
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,27 @@ class PostgresMigrations:
         except _DB_ERRORS as exc:
             raise self._unavailable(exc) from exc
 
-    async def _migrate(self, conn: Any, *, apply: bool) -> MigrationReport:
+    async def schema_version(self) -> tuple[str, int]:
+        """The schema's name and version now (0: no schema or no table of the receiver's yet),
+        read without writing anything."""
+        try:
+            conn = await self._connect()
+            try:
+                await self._find_schema(conn)
+                return self._schema, await self._version(conn)
+            finally:
+                await self._close_conn(conn)
+        except ValueError as exc:
+            raise self._bad_url(exc) from exc
+        except _DB_ERRORS as exc:
+            raise self._unavailable(exc) from exc
+
+    @property
+    def inbox(self) -> str:
+        """The inbox as the messages name it: its url (no password) and schema."""
+        return f"the Postgres inbox {self.where} (schema {self._schema})"
+
+    async def _find_schema(self, conn: Any) -> None:
         if not self._schema:
             schema = await conn.fetchval(CURRENT_SCHEMA)
             if schema is None:
@@ -84,19 +108,16 @@ class PostgresMigrations:
                     "set store.schema"
                 )
             self._schema = str(schema)
+
+    async def _migrate(self, conn: Any, *, apply: bool) -> MigrationReport:
+        await self._find_schema(conn)
         before = await self._version(conn)
         if before > SCHEMA_VERSION:
-            raise StoreUnavailable(
-                f"the Postgres inbox {self.where} has schema version {before}, newer than this "
-                f"receiver knows ({SCHEMA_VERSION}); upgrade the receiver"
-            )
+            raise StoreNewer(self.inbox, before, SCHEMA_VERSION)
         if before == SCHEMA_VERSION:
             return MigrationReport(self._schema, before, before, ())
         if not apply:
-            raise StoreUnavailable(
-                f"the Postgres inbox {self.where} has schema version {before}, this receiver "
-                f"needs {SCHEMA_VERSION}; run receiver migrate or enable store.auto_migrate"
-            )
+            raise behind(self.inbox, before, SCHEMA_VERSION)
         async with conn.transaction():
             # Held until commit: replicas starting together queue here, and each one after the
             # first finds the schema up to date.
@@ -109,12 +130,17 @@ class PostgresMigrations:
                 await conn.execute("CREATE SCHEMA " + _quote_ident(self._schema))
             await conn.execute(CREATE_MIGRATIONS_TABLE)
             current = int(await conn.fetchval(SCHEMA_VERSION_QUERY))
+            if current > SCHEMA_VERSION:  # a newer release migrated meanwhile
+                raise StoreNewer(self.inbox, current, SCHEMA_VERSION)
             applied = []
+            # Every pending migration in this one transaction: a process killed half way
+            # leaves the schema as it was, and the next run migrates it from there.
             for migration in MIGRATIONS[current:]:
                 for statement in migration.statements:
                     await conn.execute(statement, timeout=MIGRATION_TIMEOUT_SECONDS)
                 await conn.execute(RECORD_MIGRATION, migration.version, migration.description)
                 applied.append(migration.version)
+                faults.reached(FAULT_POINT)
         if applied:
             log.info("inbox schema migrated", schema=self._schema, versions=applied)
         return MigrationReport(self._schema, before, SCHEMA_VERSION, tuple(applied))

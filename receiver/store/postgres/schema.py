@@ -12,6 +12,7 @@ from receiver.store.sql.schema import (
     CREATE_INDEX_STATE_RECEIVED,
     CREATE_INDEX_STEPS,
 )
+from receiver.store.sql.versions import DESCRIPTIONS
 
 # Times are unix seconds (double precision), as in the Store interface. Ids and sink names use
 # the "C" collation: byte order, as SQLite and Python sort them.
@@ -123,7 +124,7 @@ class Migration:
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         1,
-        "events and deliveries",
+        DESCRIPTIONS[1],
         (
             CREATE_EVENTS,
             CREATE_DELIVERIES,
@@ -133,13 +134,13 @@ MIGRATIONS: tuple[Migration, ...] = (
             CREATE_INDEX_DEAD,
         ),
     ),
-    Migration(2, "delivery lanes", LANES_SCHEMA),
-    Migration(3, "indexes for the inbox page", BROWSE_INDEXES),
-    Migration(4, "watch list and job outcomes (pull mode)", PULL_SCHEMA),
-    Migration(5, "asset ledger (reconcile)", ASSET_LEDGER_SCHEMA),
-    Migration(6, "event timeline and trace context", STEPS_SCHEMA),
-    Migration(7, "redelivery batches and lane pauses", BATCH_SCHEMA),
-    Migration(8, "what a batch's deliveries were before it (cancel withdraws)", WITHDRAW_SCHEMA),
+    Migration(2, DESCRIPTIONS[2], LANES_SCHEMA),
+    Migration(3, DESCRIPTIONS[3], BROWSE_INDEXES),
+    Migration(4, DESCRIPTIONS[4], PULL_SCHEMA),
+    Migration(5, DESCRIPTIONS[5], ASSET_LEDGER_SCHEMA),
+    Migration(6, DESCRIPTIONS[6], STEPS_SCHEMA),
+    Migration(7, DESCRIPTIONS[7], BATCH_SCHEMA),
+    Migration(8, DESCRIPTIONS[8], WITHDRAW_SCHEMA),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

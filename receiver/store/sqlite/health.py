@@ -44,12 +44,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
 
 from receiver.errors import StoreDamaged, StoreError
 from receiver.logs import get_logger
+from receiver.store.sqlite.backup_copy import write_copy
 from receiver.store.sqlite.faults import _unavailable
 from receiver.store.sqlite.schema import BEGIN_WRITE, COMMIT, ROLLBACK
 from receiver.store.sqlite.writer_turns import WriterTurns
@@ -76,7 +76,6 @@ MAX_PROBLEMS = 100
 INTEGRITY_CHECK = f"PRAGMA integrity_check({MAX_PROBLEMS})"
 INDEX_NAMES = "SELECT name FROM sqlite_schema WHERE type = 'index'"
 REINDEX = "REINDEX"
-VACUUM_INTO = "VACUUM INTO ?"
 
 # The integrity check's messages about an index alone (SQLite's pragma.c): what REINDEX, which
 # rebuilds every index from its table, mends. Any other message is about a table, a page or the
@@ -230,27 +229,17 @@ class _Inbox:
 
     def back_up(self, problems: Sequence[str], cancelled: threading.Event) -> Path:
         """Write a copy of the inbox beside it (SQLite's ``VACUUM INTO``: one consistent
-        snapshot, WAL included, damage included); its path."""
-        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-        path = self.path.absolute()  # where to look for it, whatever the working directory
-        backup = path.with_name(f"{path.name}.before-reindex-{stamp}")
-        n = 1
-        while backup.exists():  # a start within the same second (stat only: no descriptor)
-            n += 1
-            backup = path.with_name(f"{path.name}.before-reindex-{stamp}-{n}")
+        snapshot, WAL included, damage included: :mod:`.backup_copy`); its path."""
         with self._connect(cancelled) as conn:
             try:
-                conn.execute(VACUUM_INTO, (str(backup),))
-            except sqlite3.Error as exc:
-                with contextlib.suppress(OSError):
-                    backup.unlink()  # a partial copy (another file than the inbox's)
+                return write_copy(conn, self.path, "before-reindex")
+            except (sqlite3.Error, OSError) as exc:
                 raise StoreDamaged(
                     f"the inbox database {self.path} has damaged indexes "
                     f"({_quote(problems)}), and the copy to keep before rebuilding them could "
-                    f"not be written to {backup} ({exc}); nothing was changed, the receiver "
+                    f"not be written beside it ({exc}); nothing was changed, the receiver "
                     f"does not start: see {DOCS}"
                 ) from exc
-        return backup
 
     def reindex(
         self, backup: Path, indexes: Sequence[str] | None, cancelled: threading.Event

@@ -127,6 +127,7 @@ SCHEMA_V7_BATCHES: tuple[str, ...] = (*BATCH_SCHEMA, "PRAGMA user_version = 7")
 SCHEMA_V8_WITHDRAW: tuple[str, ...] = (*WITHDRAW_SCHEMA, "PRAGMA user_version = 8")
 
 # Migration N (1-based) brings the schema from version N-1 to N; each sets its own user_version.
+# What each does, as `receiver migrate status` shows it, is in receiver.store.sql.versions.
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     SCHEMA_V1,
     SCHEMA_V2,

@@ -175,6 +175,7 @@ class SqliteStore(SqlLanes, SqlBrowse, SqlPull, SqlSteps, SqliteCheckpoints, Sql
         self._adds = GroupCommit(self._write_adds, max_batch=self.max_batch)
         try:
             await asyncio.to_thread(self.path.parent.mkdir, parents=True, exist_ok=True)
+            await self._refuse_early()  # a newer release's inbox: before anything writes (.migrate)
             self._turns.open()
             if self.check:
                 await check_inbox(self.path, self._turns, busy_timeout=self.busy_timeout)
