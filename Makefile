@@ -175,6 +175,8 @@ IMAGE_COMMANDS := podman:podman buildah:buildah debootstrap:debootstrap
 # SOURCE_URL, where its source lives (e.g. `make image SOURCE_URL=https://...`; else "unknown").
 VERSION = $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' receiver/__init__.py)
 REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+# Read once: a commit made while the image builds must not change it.
+REVISION := $(REVISION)
 SOURCE_URL ?=
 IMAGE_LABELS = --build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) \
 	$(if $(SOURCE_URL),--build-arg SOURCE_URL=$(SOURCE_URL))
