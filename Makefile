@@ -262,6 +262,10 @@ bench-web: $(VENV)/.installed-dev  ## inbox page timings with 1,000,000 events i
 bench-redeliver: $(VENV)/.installed-bench bench-tools  ## a redelivery batch over 1,000,000 dead deliveries, SQLite and Postgres: time to queue, intake meanwhile, the lane's rate
 	$(BIN)/python -m bench.redeliver $(BENCH_ARGS)
 
+.PHONY: bench-store-copy
+bench-store-copy: $(VENV)/.installed-bench  ## `receiver store copy` of 1,000,000 SQLite events into Postgres: events/s, peak memory vs a tenth of them
+	$(BIN)/python -m bench.store_copy $(BENCH_ARGS)
+
 bench: bench-ingest bench-scale bench-e2e bench-lanes bench-web  ## every benchmark
 
 fuzz: $(VENV)/.installed-dev  ## the webhook fuzz test, FUZZ_EXAMPLES requests (default 100000)

@@ -26,6 +26,7 @@ from receiver.cli import (
     serve,
     sign,
     simulate,
+    store_copy,
     watch,
     webhooks,
 )
@@ -52,6 +53,7 @@ COMMANDS: dict[str, Command] = {
     "replay": replay,
     "events": events,
     "migrate": migrate,
+    "store": store_copy,
     # an incident: redelivery batches, lanes paused and resumed
     "redeliver": redeliver,
     "lanes": lanes,
