@@ -20,7 +20,7 @@ import asyncpg
 
 from receiver.errors import StoreError, StoreUnavailable
 from receiver.store.copy.locations import Location
-from receiver.store.copy.side import Key, page_query
+from receiver.store.copy.side import Key, TableReads, page_query
 from receiver.store.copy.tables import Column, Table, quoted
 from receiver.store.postgres.errors import _DB_ERRORS
 from receiver.store.postgres.schema import MIGRATIONS_TABLE_EXISTS, SCHEMA_VERSION_QUERY
@@ -62,7 +62,7 @@ MOVE_SEQUENCE = (
 )
 
 
-class PostgresSide:
+class PostgresSide(TableReads):
     """One Postgres inbox of a copy; :meth:`open` it first."""
 
     def __init__(self, location: Location) -> None:
@@ -125,6 +125,9 @@ class PostgresSide:
         except _DB_ERRORS as exc:
             raise self._unavailable(exc) from exc
 
+    async def _select(self, sql: str) -> list[Sequence[Any]]:
+        return await self._fetch(sql)
+
     # -- reading --------------------------------------------------------------------------------
 
     async def version(self) -> int:
@@ -157,16 +160,6 @@ class PostgresSide:
     async def snapshot(self) -> None:
         await self._fetch(SNAPSHOT)
         self._in_snapshot = True
-
-    async def count(self, table: str) -> int:
-        [(count,)] = await self._fetch(f"SELECT count(*) FROM {quoted(table)}")
-        return int(count)
-
-    async def first_rows(self, tables: Sequence[str]) -> str | None:
-        for table in tables:
-            if await self._fetch(f"SELECT 1 FROM {quoted(table)} LIMIT 1"):
-                return table
-        return None
 
     async def page(
         self,

@@ -82,3 +82,22 @@ def page_query(
     selected = ", ".join(column.ref for column in columns)
     limit = mark(len(key) + 1 if after else 1)
     return f"SELECT {selected} FROM {quoted(table)}{where} ORDER BY {keys} LIMIT {limit}"
+
+
+class TableReads:
+    """The reads both backends answer with the same SQL, through their :meth:`_select`."""
+
+    async def _select(self, sql: str) -> list[Sequence[Any]]:
+        raise NotImplementedError
+
+    async def count(self, table: str) -> int:
+        """How many rows ``table`` holds."""
+        ((count,),) = await self._select(f"SELECT count(*) FROM {quoted(table)}")
+        return int(count)
+
+    async def first_rows(self, tables: Sequence[str]) -> str | None:
+        """The first of ``tables`` that holds a row, or None when all are empty."""
+        for table in tables:
+            if await self._select(f"SELECT 1 FROM {quoted(table)} LIMIT 1"):
+                return table
+        return None

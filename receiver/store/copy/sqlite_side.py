@@ -20,7 +20,7 @@ import aiosqlite
 
 from receiver.errors import StoreError, StoreUnavailable
 from receiver.store.copy.locations import Location
-from receiver.store.copy.side import Key, page_query
+from receiver.store.copy.side import Key, TableReads, page_query
 from receiver.store.copy.tables import ROWID_COLUMNS, Column, Table, quoted
 from receiver.store.sqlite.faults import _unavailable
 from receiver.store.sqlite.schema import (
@@ -48,7 +48,7 @@ TABLES = (
 )
 
 
-class SqliteSide:
+class SqliteSide(TableReads):
     """One SQLite inbox of a copy; :meth:`open` it first."""
 
     def __init__(self, location: Location) -> None:
@@ -118,6 +118,9 @@ class SqliteSide:
         except sqlite3.Error as exc:
             raise self._unavailable(exc) from exc
 
+    async def _select(self, sql: str) -> list[Sequence[Any]]:
+        return await self._rows(sql)
+
     # -- reading --------------------------------------------------------------------------------
 
     async def version(self) -> int:
@@ -142,16 +145,6 @@ class SqliteSide:
         await self._rows(BEGIN_READ)
         self._in_snapshot = True
         await self._rows("SELECT count(*) FROM sqlite_schema")
-
-    async def count(self, table: str) -> int:
-        ((count,),) = await self._rows(f"SELECT count(*) FROM {quoted(table)}")
-        return int(count)
-
-    async def first_rows(self, tables: Sequence[str]) -> str | None:
-        for table in tables:
-            if await self._rows(f"SELECT 1 FROM {quoted(table)} LIMIT 1"):
-                return table
-        return None
 
     async def page(
         self,
