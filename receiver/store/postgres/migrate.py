@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from receiver import faults
 from receiver.config.settings import StoreSettings
@@ -24,6 +25,8 @@ from receiver.store.postgres.schema import (
     _quote_ident,
 )
 from receiver.store.sql.versions import behind
+
+T = TypeVar("T")
 
 log = get_logger("receiver.store.postgres")
 
@@ -68,25 +71,25 @@ class PostgresMigrations:
     async def migrate(self) -> MigrationReport:
         """Create or upgrade the schema (whatever ``auto_migrate`` says); safe to run at once
         from several processes."""
-        try:
-            conn = await self._connect()
-            try:
-                return await self._migrate(conn, apply=True)
-            finally:
-                await self._close_conn(conn)
-        except ValueError as exc:
-            raise self._bad_url(exc) from exc
-        except _DB_ERRORS as exc:
-            raise self._unavailable(exc) from exc
+        return await self._on_own_connection(lambda conn: self._migrate(conn, apply=True))
 
     async def schema_version(self) -> tuple[str, int]:
         """The schema's name and version now (0: no schema or no table of the receiver's yet),
         read without writing anything."""
+
+        async def read(conn: Any) -> tuple[str, int]:
+            await self._find_schema(conn)
+            return self._schema, await self._version(conn)
+
+        return await self._on_own_connection(read)
+
+    async def _on_own_connection(self, body: Callable[[Any], Awaitable[T]]) -> T:
+        """``body`` on a connection of its own (not the pool's), closed after; a bad URL or an
+        unreachable database raised as :class:`StoreUnavailable`."""
         try:
             conn = await self._connect()
             try:
-                await self._find_schema(conn)
-                return self._schema, await self._version(conn)
+                return await body(conn)
             finally:
                 await self._close_conn(conn)
         except ValueError as exc:
