@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from receiver import __version__
 from receiver.cli import (
+    backup,
     check_config,
     events,
     healthcheck,
@@ -53,6 +54,8 @@ COMMANDS: dict[str, Command] = {
     "replay": replay,
     "events": events,
     "migrate": migrate,
+    "backup": backup.BACKUP,
+    "restore": backup.RESTORE,
     "store": store_copy,
     # an incident: redelivery batches, lanes paused and resumed
     "redeliver": redeliver,
