@@ -251,8 +251,8 @@ async def tail(
         await asyncio.sleep(args.interval)
         if cursor is None:
             records = list(reversed(await store.browse(query, limit=args.limit)))
-        else:
-            records = await store.browse(query, after=cursor, limit=1000)
+        else:  # the page just newer than the cursor comes newest first, like every page
+            records = list(reversed(await store.browse(query, after=cursor, limit=1000)))
 
 
 # --- redeliver ---------------------------------------------------------------------------------

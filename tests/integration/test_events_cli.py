@@ -242,11 +242,15 @@ def test_tail_follows_new_events(tmp_path, inbox) -> None:
             assert header == ["ID", "EVENT", "STATE", "RECEIVED", "DELIVERIES"]
             assert proc.stdout.readline().startswith("evt-4 ")
             assert proc.stdout.readline().startswith("evt-5 ")
-            add_events(tmp_path / "data" / "inbox.db", [new_event(7, age=-1)])
-            line = proc.stdout.readline()
-            assert line.startswith("evt-7 ") and "job.completed" in line
+            # Three arriving together (one receipt time): each printed once, oldest first.
+            add_events(tmp_path / "data" / "inbox.db", [new_event(n, age=-1) for n in (7, 8, 9)])
+            for n in (7, 8, 9):
+                line = proc.stdout.readline()
+                assert line.startswith(f"evt-{n} ") and "job.completed" in line
+            time.sleep(0.5)  # five more polls: none may print any of them again
             proc.send_signal(signal.SIGINT)
             assert proc.wait(timeout=10) == 0
+            assert proc.stdout.read() == ""
             assert proc.stderr.read() == ""
         finally:
             if proc.poll() is None:
