@@ -28,6 +28,8 @@ from receiver.cli.common import run_async
 from receiver.simulator import png_bytes
 
 PNG = png_bytes(label="receiver benchmark asset")
+#: Every job and asset carries the members the spec requires (the receiver checks them).
+CREATED_AT = "2026-08-20T12:00:00+00:00"
 
 
 def job_id_of(asset_id: str) -> str:
@@ -56,6 +58,8 @@ def create_app(latency: float) -> web.Application:
                     "cost_credits": 5,
                     "error": None,
                     "urls": {"logo": f"{origin(request)}/files/ast-{job_id}.png"},
+                    "created_at": CREATED_AT,
+                    "updated_at": CREATED_AT,
                 }
             }
         )
@@ -73,7 +77,10 @@ def create_app(latency: float) -> web.Application:
                     "status": "completed",
                     "collection_id": "bench",
                     "file_url": f"{origin(request)}/files/{asset_id}.png?expires=1&sig=bench",
+                    "cdn_url": None,
+                    "item_id": None,
                     "metadata": {"job_id": job_id_of(asset_id)},
+                    "created_at": CREATED_AT,
                 }
             }
         )

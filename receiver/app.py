@@ -41,6 +41,8 @@ from receiver.store.pull import WATCH_STATES
 from receiver.store.records import EVENT_STATES
 from receiver.supervisor import Supervisor
 from receiver.upstream.client import UpstreamClient
+from receiver.upstream.drift import DriftReport
+from receiver.upstream.spec_check import SpecCheck
 from receiver.upstream.watchdog import Watchdog
 from receiver.web import InboxUi
 
@@ -92,6 +94,8 @@ class Runtime:
         self.worker: Worker | None = None
         self.poller: Poller | None = None
         self.watchdog: Watchdog | None = None
+        #: The upstream's OpenAPI document compared now and then (see upstream_drift).
+        self.spec_check: SpecCheck | None = None
 
         self.intake: Intake | None = None
         # The background loops: gauges, pruning, the watchdog and the worker's lease extension.
@@ -121,6 +125,7 @@ class Runtime:
             api_key=api.api_key,
             timeout=api.timeout_seconds,
             metrics=self.metrics,
+            api_version=api.version,
         )
         try:
             await self.store.open()
@@ -133,6 +138,12 @@ class Runtime:
             self.watchdog = self._watchdog(upstream)
             if self.watchdog is not None:
                 self.supervisor.start("watchdog", self.watchdog.run)
+            # --- the upstream's OpenAPI document, compared in the background ---
+            if SpecCheck.wanted(self.settings, self.runs_workers):
+                self.spec_check = SpecCheck(
+                    settings=self.settings, session=self.session, metrics=self.metrics
+                )
+                self.supervisor.start("spec-check", self.spec_check.run)
         except BaseException:
             await self.close()
             raise
@@ -188,6 +199,12 @@ class Runtime:
                 f"reconcile-{config.collection_id}",
                 functools.partial(reconcile_periodically, reconciler, config),
             )
+
+    @property
+    def upstream_drift(self) -> DriftReport | None:
+        """The latest look at the upstream's OpenAPI document (None before the first ends,
+        or in a process that does not look)."""
+        return self.spec_check.report if self.spec_check is not None else None
 
     def _watchdog(self, upstream: UpstreamClient) -> Watchdog | None:
         """The subscription watchdog, in processes that run workers and have an API key."""
@@ -301,6 +318,7 @@ class Runtime:
             on_redeliver=self.wake_worker,
             settings=self.settings,
             tasks_down=self.supervisor.down,
+            upstream_problems=lambda: self.upstream.pin.problems() if self.upstream else [],
             clock=self.clock,
             watch=WatchAdmin(
                 store=self.store,

@@ -17,7 +17,8 @@ talks to the library, so callers never see a driver's exception::
         ├── TransientError          worth retrying with backoff (5xx, 429, timeouts, not ready)
         │   ├── NotReady            the job or an asset is not finished yet
         │   │   └── UrlRefused      a file's signed URL was refused (403): maybe expired
-        │   └── UpstreamAuthError   the upstream refused the API key (401/403): retried, loud
+        │   ├── UpstreamAuthError   the upstream refused the API key (401/403): retried, loud
+        │   └── VersionRefused      the upstream refused the pinned api.version: retried, never dead
         └── PermanentError          retrying cannot help (404 job, 410 Gone): dead at once
 
 The docstring of each class is its default message.
@@ -128,6 +129,10 @@ class UrlRefused(NotReady):
 
 class UpstreamAuthError(TransientError):
     """The upstream refused the API key."""
+
+
+class VersionRefused(TransientError):
+    """The upstream refused the pinned API version (``api.version``)."""
 
 
 class PermanentError(DeliveryError):

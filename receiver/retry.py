@@ -13,13 +13,15 @@ from datetime import UTC
 from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING
 
-from receiver.errors import PermanentError
+from receiver.errors import PermanentError, VersionRefused
 
 if TYPE_CHECKING:
     from receiver.config.settings import WorkerSettings
 
 # An upstream Retry-After is honoured up to a day; beyond that it is more likely a mistake.
 MAX_RETRY_AFTER_SECONDS = 24 * 3600.0
+# Doublings beyond this change nothing (the wait is capped long before) and would overflow.
+_MAX_DOUBLINGS = 64
 _SECONDS = re.compile(r"\d+(\.\d+)?")
 
 
@@ -58,7 +60,7 @@ class RetryPolicy:
 
     def backoff(self, attempts: int) -> float:
         """The jittered wait after ``attempts`` failed attempts."""
-        base = min(self.maximum, self.initial * 2.0 ** max(0, attempts - 1))
+        base = min(self.maximum, self.initial * 2.0 ** min(max(0, attempts - 1), _MAX_DOUBLINGS))
         return base / 2 + self.rng.uniform(0, base / 2)
 
     def decide(self, error: BaseException, attempts: int) -> Decision:
@@ -66,7 +68,9 @@ class RetryPolicy:
         message = str(error) or type(error).__name__
         if isinstance(error, PermanentError):
             return Decision(dead=True, reason=message)
-        if attempts >= self.max_attempts:
+        # A refused api.version is the receiver's configuration, not the event: it waits for
+        # the fix however long that takes, never dead.
+        if attempts >= self.max_attempts and not isinstance(error, VersionRefused):
             return Decision(dead=True, reason=f"gave up after {attempts} attempts: {message}")
         delay = self.backoff(attempts)
         retry_after = getattr(error, "retry_after", None)

@@ -28,6 +28,7 @@ from receiver.cli import (
     sign,
     simulate,
     store_copy,
+    upstream,
     watch,
     webhooks,
 )
@@ -66,6 +67,7 @@ COMMANDS: dict[str, Command] = {
     # local testing and the upstream subscription
     "simulate": simulate,
     "webhooks": webhooks,
+    "upstream": upstream,
 }
 
 

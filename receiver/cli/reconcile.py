@@ -100,6 +100,7 @@ async def _reconcile(
                 base_url=settings.api.base_url,
                 api_key=settings.api.api_key,
                 timeout=settings.api.timeout_seconds,
+                api_version=settings.api.version,
             )
             reconciler = Reconciler(settings=settings, store=store, upstream=upstream)
             return await reconciler.run(

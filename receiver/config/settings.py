@@ -16,6 +16,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,17 @@ class WebhookSettings:
         return []
 
 
+def _is_date(value: str) -> bool:
+    """A real calendar date written ``YYYY-MM-DD``."""
+    if re.fullmatch(r"\d{4}-\d{2}-\d{2}", value) is None:
+        return False
+    try:
+        date.fromisoformat(value)
+    except ValueError:
+        return False
+    return True
+
+
 @dataclass(frozen=True)
 class ApiSettings:
     """The upstream service's API."""
@@ -99,6 +111,17 @@ class ApiSettings:
     )
     api_key: str = key("", "Bearer key for the upstream API", env="RECEIVER_API_KEY", secret=True)
     timeout_seconds: float = key(30.0, "per upstream request", check=positive)
+    version: str = key(
+        "2026-08-20",
+        "the API version pinned: sent as Service-API-Version on every upstream request",
+        check=rule(_is_date, "must be a date written YYYY-MM-DD"),
+    )
+    spec_check_minutes: float = key(
+        60.0,
+        "how often the upstream's /openapi.json is compared with what the receiver reads; "
+        "0 = only at start",
+        check=rule(lambda v: v >= 0, "must be 0 (only at start) or more"),
+    )
     watchdog_interval_seconds: float = key(
         300.0,
         "how often the webhook subscriptions are checked; 0 = off",

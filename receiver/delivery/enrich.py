@@ -6,6 +6,14 @@ named in the event's ``asset_ids`` is fetched for its current status and a fresh
 are the fresh job's ``urls`` used. Anything not finished yet raises :class:`NotReady`, so the
 event is tried again later instead of skipping a file.
 
+Only the spec's four job statuses are acted on: ``pending`` and ``processing`` wait,
+``completed`` and ``failed`` are finished. Any other status (one the upstream added, or none) is
+not taken as finished: the event waits like an unfinished one, retried with backoff until the
+status is one of the four, dead (and redeliverable) after ``worker.max_attempts``. (The API
+client counts such a job in ``receiver_upstream_invalid_total{object="job",field="status"}``,
+see :mod:`receiver.upstream.conformance`.) An asset is ready only when its status is
+``completed``: whatever else it says, the event waits.
+
 What is fetched is a :class:`~receiver.store.records.Snapshot`, stored with the event once and
 shared by all of its deliveries (:meth:`Enricher.fetch`); :meth:`Enricher.build` turns a record
 and its snapshot into the :class:`Enriched` event the sinks get, without any upstream call.
@@ -24,10 +32,13 @@ from receiver.events import Enriched, FileRef
 from receiver.logs import get_logger
 from receiver.pull.events import unit_job_id
 from receiver.store.records import EventRecord, Snapshot
+from receiver.upstream.reads import JOB_STATUSES
 
 log = get_logger("receiver.enrich")
 
 UNFINISHED_JOB_STATES = frozenset({"pending", "processing"})
+#: The spec's job statuses: the only ones acted on.
+JOB_STATES = JOB_STATUSES
 ASSET_READY = "completed"
 #: The ``job`` of a reconciled event whose assets name no job: nothing to fetch, and only
 #: completed assets are ever named (see :mod:`receiver.pull.events`).
@@ -81,6 +92,11 @@ class Enricher:
         status = job.get("status")
         if status in UNFINISHED_JOB_STATES:
             raise NotReady(f"job {record.job_id} is still {status}")
+        if status not in JOB_STATES:
+            raise NotReady(
+                f"job {record.job_id} has status {_shown(status)}, not one of the spec's "
+                f"{', '.join(sorted(JOB_STATES))}: not taken as finished, waiting for one of them"
+            )
         assets: list[Mapping[str, Any]] = []
         if status == "completed" and record.event == "job.completed":
             asset_ids = _asset_ids(payload)
@@ -204,3 +220,10 @@ def _job_url_files(job: Mapping[str, Any]) -> list[FileRef]:
 
 def _str_or_none(value: Any) -> str | None:
     return None if value is None else str(value)
+
+
+def _shown(value: Any) -> str:
+    """An upstream value for a message: short, one line."""
+    if value is None:
+        return "none"
+    return repr(" ".join(str(value).split())[:60])

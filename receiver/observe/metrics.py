@@ -30,6 +30,7 @@ WEBHOOK_OUTCOMES = (
 SINK_OUTCOMES = ("success", "retry", "dead", "skipped")
 PULL_SOURCES = ("webhook", "poll", "reconcile")
 WATCH_STATES = ("watching", "done", "expired", "not_found")
+DRIFT_SEVERITIES = ("breaking", "notice")
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _LAG_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 6 * 3600, 24 * 3600)
@@ -156,6 +157,45 @@ class Metrics:
             ["webhook_id"],
             registry=r,
         )
+        # The upstream's API versions: the pinned version refused, endpoints being retired.
+        self.upstream_version_refused = Gauge(
+            "receiver_upstream_version_refused",
+            "1 while the upstream refuses the pinned api.version (Service-API-Version), else 0.",
+            registry=r,
+        )
+        self.upstream_deprecated = Counter(
+            "receiver_upstream_deprecated",
+            "Upstream answers carrying a Deprecation or Sunset header, by endpoint.",
+            ["endpoint"],
+            registry=r,
+        )
+        self.upstream_sunset = Gauge(
+            "receiver_upstream_sunset_timestamp_seconds",
+            "When the upstream says the endpoint goes away (its Sunset header), unix seconds.",
+            ["endpoint"],
+            registry=r,
+        )
+        self.upstream_invalid = Counter(
+            "receiver_upstream_invalid",
+            "Fetched upstream objects breaking the spec on a field the receiver reads.",
+            ["object", "field"],
+            registry=r,
+        )
+        # The upstream's OpenAPI document against the revision this release was built for.
+        self.upstream_spec_info = Gauge(
+            "receiver_upstream_spec_info",
+            "The revision of the upstream's OpenAPI document last read, and api.version (1).",
+            ["revision", "api_version"],
+            registry=r,
+        )
+        self.upstream_drift = Gauge(
+            "receiver_upstream_drift",
+            "Differences that matter between the upstream's OpenAPI document and the baseline.",
+            ["severity"],
+            registry=r,
+        )
+        for severity in DRIFT_SEVERITIES:
+            self.upstream_drift.labels(severity)
 
         self.background_task_restarts = Counter(
             "receiver_background_task_restarts",

@@ -40,6 +40,7 @@ class Ops:
         clock: Callable[[], float] = time.time,
         watch: WatchAdmin | None = None,
         incident: IncidentAdmin | None = None,
+        upstream_problems: Callable[[], list[str]] | None = None,
     ) -> None:
         self._settings = settings or Settings()
         self._store = store
@@ -51,6 +52,8 @@ class Ops:
         self._clock = clock
         self._watch = watch
         self._incident = incident
+        #: Why the upstream cannot be used as configured (a refused api.version), if it cannot.
+        self._upstream_problems = upstream_problems or list
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -78,6 +81,7 @@ class Ops:
             problems.append("workers: not running")
         for name, why in sorted(self._tasks_down().items()):
             problems.append(f"background task {name}: {why}")
+        problems.extend(self._upstream_problems())
         if problems:
             return web.json_response({"status": "unavailable", "reasons": problems}, status=503)
         return web.json_response({"status": "ready"})

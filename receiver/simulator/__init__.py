@@ -9,10 +9,12 @@ the upstream's envelopes (``{"data": ...}`` / ``{"error": {"code", "message"}}``
     GET    /v1/webhooks                          list (without secrets)
     DELETE /v1/webhooks/{id}                     204
     GET    /files/{asset_id}{ext}?expires=&sig=  the bytes, like a CDN (403 bad/expired signature)
+    GET    /v1/openapi.json                      the OpenAPI document (no key needed)
 
-Every ``/v1`` call needs ``Authorization: Bearer <api_key>``. Faults are plain attributes a test
-may change at any time (``rate_limit_fraction``, ``error_fraction``, ``latency_seconds`` ...);
-the clock (``now``) is injectable and the randomness seeded, so runs are reproducible.
+Every other ``/v1`` call needs ``Authorization: Bearer <api_key>``. Faults are plain
+attributes a test may change at any time (``rate_limit_fraction``, ``error_fraction``,
+``latency_seconds`` ...); the clock (``now``) is injectable and the randomness seeded, so runs
+are reproducible.
 
 The modules:
 
@@ -21,6 +23,8 @@ The modules:
 - :mod:`~receiver.simulator.state`: the state: jobs, assets, subscriptions, how they are made;
 - :mod:`~receiver.simulator.views`: what the API shows of that state now;
 - :mod:`~receiver.simulator.shape`: which optional fields each object shows (``--shape``);
+- :mod:`~receiver.simulator.versions`: the API versions accepted, the OpenAPI document and its
+  drift, Deprecation/Sunset on the job endpoint, job statuses outside the spec;
 - :mod:`~receiver.simulator.api`: :class:`Simulator`, that state served over HTTP;
 - :mod:`~receiver.simulator.delivery` and :mod:`~receiver.simulator.sender`: signed webhook
   deliveries with the upstream's retries;

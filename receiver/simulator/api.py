@@ -1,9 +1,11 @@
 """The simulator over HTTP: the upstream's API under ``/v1`` and the files under ``/files``.
 
-:class:`Simulator` is :class:`~receiver.simulator.state.SimulatorState` with an aiohttp
-application (:meth:`Simulator.create_app`): the envelopes (``{"data": ...}`` /
-``{"error": {"code", "message"}}``), Bearer authentication, the fault knobs applied to each API
-call, long-polls, and CDN-style answers for the files.
+:class:`Simulator` is :class:`~receiver.simulator.state.SimulatorState` (with the version
+switches of :mod:`receiver.simulator.versions`) and an aiohttp application
+(:meth:`Simulator.create_app`): the envelopes (``{"data": ...}`` /
+``{"error": {"code", "message"}}``), Bearer authentication, the ``Service-API-Version`` check,
+the fault knobs applied to each API call, long-polls, the OpenAPI document (public, at
+``/v1/openapi.json``) and CDN-style answers for the files.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from aiohttp.typedefs import Middleware
 
 from receiver.simulator.model import EVENT_NAMES, TERMINAL_STATUSES
 from receiver.simulator.pulling import page_params, pagination
-from receiver.simulator.state import SimulatorState
+from receiver.simulator.versions import OPENAPI_PATH, VERSION_HEADER, UpstreamVersions
 
 _LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 _MAX_WAIT_SECONDS = 120.0
@@ -33,10 +35,12 @@ _STOPPING_KEY = web.AppKey("simulator_stopping", asyncio.Event)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-class Simulator(SimulatorState):
+class Simulator(UpstreamVersions):
     """The upstream service in memory, served over HTTP.
 
-    The state, the fault knobs and the request counters are :class:`SimulatorState`'s.
+    The state, the fault knobs and the request counters are
+    :class:`~receiver.simulator.state.SimulatorState`'s, the version switches
+    :class:`~receiver.simulator.versions.UpstreamVersions`'.
     """
 
     # ----------------------------------------------------------------- HTTP
@@ -51,6 +55,7 @@ class Simulator(SimulatorState):
             app[_STOPPING_KEY].set()  # ends long-polls and latency sleeps at once
 
         app.on_shutdown.append(on_shutdown)
+        app.router.add_get(OPENAPI_PATH, self._openapi)
         app.router.add_get("/v1/jobs/{id}", self._get_job)
         app.router.add_get("/v1/assets/{id}", self._get_asset)
         app.router.add_get("/v1/collections/{id}/assets", self._list_collection_assets)
@@ -73,6 +78,8 @@ class Simulator(SimulatorState):
                 request_id = f"req_{self.random.getrandbits(64):016x}"
                 response = await self._api_call(request, handler, request_id)
                 response.headers["Request-Id"] = request_id
+            if route == "/v1/jobs/{id}":
+                response.headers.update(self.job_endpoint_headers())
             self.responses[key, response.status] += 1
             self.last_request_at = time.monotonic()
             return response
@@ -86,14 +93,18 @@ class Simulator(SimulatorState):
             await _sleep(request.app, self.latency_seconds)
         header = request.headers.get("Authorization", "")
         scheme, _, token = header.partition(" ")
+        public = request.path == OPENAPI_PATH  # the document needs no key and no version
         # An empty api_key means "accept any credential" (local runs without a key).
-        if self.api_key:
+        if self.api_key and not public:
             if not header:
                 return _error(401, "unauthorized", "Missing API key.", request_id)
             if scheme.lower() != "bearer" or not hmac.compare_digest(
                 token.strip().encode(), self.api_key.encode()
             ):
                 return _error(401, "unauthorized", "Invalid or revoked API key.", request_id)
+        refused = None if public else self.version_refusal(request.headers.get(VERSION_HEADER))
+        if refused is not None:
+            return _error(400, "validation_failed", refused, request_id, param=VERSION_HEADER)
         resource = request.match_info.route.resource
         burst, burst_retry_after = self.take_burst(
             f"{request.method} {resource.canonical if resource is not None else request.path}"
@@ -122,6 +133,9 @@ class Simulator(SimulatorState):
 
     def _base(self, request: web.Request) -> str:
         return self.public_base_url or str(request.url.origin())
+
+    async def _openapi(self, _request: web.Request) -> web.Response:
+        return web.json_response(self.openapi_document())
 
     async def _get_job(self, request: web.Request) -> web.Response:
         job_id = request.match_info["id"]

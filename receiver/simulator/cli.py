@@ -13,6 +13,7 @@ from receiver.simulator.delivery import DeliveryFaults
 from receiver.simulator.handoff import DEFAULT_GRACE_SECONDS
 from receiver.simulator.run import SimulateOptions
 from receiver.simulator.shape import DEFAULT_SHAPE, SHAPES
+from receiver.simulator.versions import KNOWN_API_VERSIONS, SPEC_DRIFTS, VersionFaults
 
 #: The flags ``--config`` can supply (their option names as attributes).
 _FROM_CONFIG = ("host", "port", "api_key", "target", "secret")
@@ -168,6 +169,41 @@ examples:
         metavar="FRACTION",
         help="this fraction of jobs sends no webhook (only polling finds them; each is logged)",
     )
+    versions = p.add_argument_group("versions and drift")
+    versions.add_argument(
+        "--api-versions",
+        default=",".join(KNOWN_API_VERSIONS),
+        metavar="DATES",
+        help="Service-API-Version values accepted, comma-separated; a request without one of "
+        "them answers 400 naming the version; 'any' accepts every request (default: the "
+        "spec's change history, up to 2026-08-20)",
+    )
+    versions.add_argument(
+        "--spec-drift",
+        choices=SPEC_DRIFTS,
+        default="none",
+        help="what GET /v1/openapi.json serves: none (the revision the receiver was built "
+        "against), notice (a newer revision deprecating GET /jobs/{id}) or breaking (also a "
+        "job status value added and a job field removed); default none",
+    )
+    versions.add_argument(
+        "--deprecate-jobs",
+        action="store_true",
+        help="GET /v1/jobs/{id} answers carry Deprecation (RFC 9745) and a Link to its notice",
+    )
+    versions.add_argument(
+        "--sunset-days",
+        type=float,
+        metavar="DAYS",
+        help="GET /v1/jobs/{id} answers carry Sunset (RFC 8594): this many days from the start",
+    )
+    versions.add_argument(
+        "--unknown-status",
+        type=float,
+        default=0.0,
+        metavar="FRACTION",
+        help="this fraction of jobs reports the status 'queued' (none of the spec's four) for good",
+    )
     end = p.add_argument_group("when to stop (default: Ctrl-C / SIGTERM)")
     end.add_argument(
         "--until-done",
@@ -235,6 +271,15 @@ def options_from_args(
         expired_url_fraction=args.expired_urls,
         latency=args.latency,
         no_webhook_fraction=args.no_webhook,
+        versions=VersionFaults(
+            api_versions=None
+            if args.api_versions.strip().lower() == "any"
+            else tuple(v.strip() for v in args.api_versions.split(",") if v.strip()),
+            spec_drift=args.spec_drift,
+            deprecate_jobs=args.deprecate_jobs,
+            sunset_days=args.sunset_days,
+            unknown_status_fraction=args.unknown_status,
+        ),
         until_done=args.until_done,
         grace=args.grace,
         duration=args.duration,

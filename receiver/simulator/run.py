@@ -33,6 +33,7 @@ from receiver.simulator.model import KINDS
 from receiver.simulator.sender import WebhookSender
 from receiver.simulator.shape import DEFAULT_SHAPE, ShapeName
 from receiver.simulator.summary import render_summary
+from receiver.simulator.versions import VersionFaults
 
 log = get_logger("receiver.simulator")
 
@@ -74,6 +75,7 @@ class SimulateOptions:
     expired_url_fraction: float = 0.0
     latency: float = 0.0
     no_webhook_fraction: float = 0.0
+    versions: VersionFaults = field(default_factory=VersionFaults)
     until_done: bool = False
     grace: float = DEFAULT_GRACE_SECONDS
     duration: float | None = None
@@ -128,6 +130,7 @@ class SimulateOptions:
                 problems.append(f"{flag} must be 0 or more seconds")
         if not 500 <= self.error_status <= 599:
             problems.append("--error-status must be a 5xx status")
+        problems.extend(self.versions.problems())
         return problems
 
 
@@ -149,6 +152,7 @@ class Simulation:
         self.sim.expired_url_fraction = options.expired_url_fraction
         self.sim.latency_seconds = options.latency
         self.sim.no_webhook_fraction = options.no_webhook_fraction
+        options.versions.apply(self.sim)
         self.sender = WebhookSender(
             self.sim,
             time_scale=options.time_scale,

@@ -8,6 +8,8 @@ this module)::
     2xx with a body that is not JSON TransientError
       or has no ``data``
     401, 403                         UpstreamAuthError (logged at error level; the caller retries)
+    400 naming the API version       VersionRefused (logged once; retried, never dead:
+                                     :mod:`receiver.upstream.pin`)
     404                              PermanentError ("job <id> not found upstream")
     408, 409, 425                    TransientError (the request may succeed when repeated)
     any other 4xx                    PermanentError naming the status and the upstream error code
@@ -18,6 +20,9 @@ the route template, the status the HTTP status or ``timeout`` / ``error``) and t
 (:mod:`receiver.observe.timeline`), from which, with tracing on, it becomes a CLIENT span of the
 event's trace. The API
 key and signed URLs' query strings are never logged, put in an exception message or a span.
+
+Every request carries ``Service-API-Version: {api.version}``; every answer's ``Deprecation`` and
+``Sunset`` headers are taken in by :mod:`receiver.upstream.deprecation`.
 """
 
 from __future__ import annotations
@@ -31,21 +36,30 @@ from urllib.parse import quote
 import aiohttp
 
 from receiver import __version__
+from receiver.config.settings import ApiSettings
 from receiver.errors import PermanentError, TransientError, UpstreamAuthError
 from receiver.logs import get_logger, redact_url
 from receiver.observe.metrics import Metrics
 from receiver.observe.timeline import Call, note_call
 from receiver.retry import parse_retry_after
+from receiver.upstream.conformance import checked, checked_page
+from receiver.upstream.deprecation import DeprecationWatch
+from receiver.upstream.pin import HEADER as VERSION_HEADER
+from receiver.upstream.pin import VersionPin
+from receiver.upstream.reads import (  # the routes of the operations declared there
+    ASSET_ENDPOINT,
+    COLLECTION_ASSETS_ENDPOINT,
+    JOB_ENDPOINT,
+    WEBHOOK_ENDPOINT,
+    WEBHOOKS_ENDPOINT,
+)
 
 log = get_logger(__name__)
 
-JOB_ENDPOINT = "/jobs/{id}"
-ASSET_ENDPOINT = "/assets/{id}"
-WEBHOOKS_ENDPOINT = "/webhooks"
-WEBHOOK_ENDPOINT = "/webhooks/{id}"
-COLLECTION_ASSETS_ENDPOINT = "/collections/{id}/assets"
 #: The spec's largest page for list endpoints.
 MAX_PAGE_SIZE = 100
+#: The ``api.version`` a client pins unless told otherwise.
+DEFAULT_API_VERSION = ApiSettings().version
 
 #: Statuses in the 4xx range worth repeating as they are (timeout, conflict/busy, too early).
 _RETRYABLE_4XX = frozenset({408, 409, 425})
@@ -60,7 +74,7 @@ class UpstreamClient:
     """A small client for the upstream REST API (``{base_url}`` already ends in ``/v1``).
 
     The aiohttp session is owned by the caller and shared; ``timeout`` bounds each request as a
-    whole (connect, headers and body).
+    whole (connect, headers and body); ``api_version`` is sent as ``Service-API-Version``.
     """
 
     def __init__(
@@ -71,16 +85,23 @@ class UpstreamClient:
         api_key: str,
         timeout: float,
         metrics: Metrics | None = None,
+        api_version: str = DEFAULT_API_VERSION,
     ) -> None:
         self._session = session
         self._base_url = base_url.rstrip("/")
         self._api_key = api_key
         self._timeout = timeout
         self._metrics = metrics
+        #: The pinned version, and whether the upstream refuses it now.
+        self.pin = VersionPin(api_version, metrics)
+        #: What the upstream's answers say about retiring the endpoints used.
+        self.deprecations = DeprecationWatch(metrics)
+        # Every request's headers: built here only.
         self._headers = {
             "Authorization": f"Bearer {api_key}",
             "Accept": "application/json",
             "User-Agent": f"receiver/{__version__}",
+            VERSION_HEADER: api_version,
         }
 
     @property
@@ -107,7 +128,7 @@ class UpstreamClient:
             params=params,
             total_seconds=timeout,
         )
-        return _expect_object(data, f"job {job_id}")
+        return checked("job", _expect_object(data, f"job {job_id}"), self._metrics)
 
     async def get_asset(self, asset_id: str) -> dict[str, Any]:
         """The asset with a fresh signed ``file_url`` (``GET /assets/{id}``)."""
@@ -117,7 +138,7 @@ class UpstreamClient:
             f"/assets/{_quote_id(asset_id, 'asset')}",
             what=f"asset {asset_id}",
         )
-        return _expect_object(data, f"asset {asset_id}")
+        return checked("asset", _expect_object(data, f"asset {asset_id}"), self._metrics)
 
     async def list_webhooks(self) -> list[dict[str, Any]]:
         """The account's webhook subscriptions (``GET /webhooks``), every page."""
@@ -138,7 +159,7 @@ class UpstreamClient:
         data, meta = await self._request(
             "GET", COLLECTION_ASSETS_ENDPOINT, path, what=what, params=params, meta=True
         )
-        return _expect_list(data, what), _pagination(meta)
+        return checked_page(_expect_list(data, what), _pagination(meta), self._metrics)
 
     async def pages(
         self, endpoint: str, path: str, what: str
@@ -218,6 +239,13 @@ class UpstreamClient:
                 body = await resp.read()
                 status = resp.status
                 retry_after_header = resp.headers.get("Retry-After")
+                self.deprecations.observe(
+                    endpoint,
+                    status,
+                    resp.headers.get("Deprecation"),
+                    resp.headers.get("Sunset"),
+                    resp.headers.getall("Link", []),
+                )
         except TimeoutError as exc:  # includes aiohttp's ServerTimeoutError and friends
             status_label = "timeout"
             raise TransientError(f"upstream did not answer within {total:g}s for {what}") from exc
@@ -234,6 +262,7 @@ class UpstreamClient:
 
         log.debug("upstream answered", endpoint=endpoint, method=method, status=status)
         if 200 <= status < 300:
+            self.pin.accepted()
             if not expect_data:
                 return None
             return self._data(body, status, what, meta=meta)
@@ -266,10 +295,12 @@ class UpstreamClient:
         endpoint: str,
         retry_after_header: str | None,
     ) -> NoReturn:
-        code, detail = self._error_detail(body)
+        code, detail, param = self._error_detail(body)
         summary = f"upstream answered {status}{f' {code}' if code else ''} for {what}"
         if detail:
             summary = f"{summary}: {detail}"
+        if status == 400 and (refused := self.pin.refusal(endpoint, summary, code, detail, param)):
+            raise refused
         retry_after = parse_retry_after(retry_after_header)
         if status == 429 or status >= 500:
             raise TransientError(summary, retry_after=retry_after, status=status)
@@ -291,20 +322,21 @@ class UpstreamClient:
             raise TransientError(f"{summary} (a redirect: check api.base_url)", status=status)
         raise PermanentError(summary, status=status)
 
-    def _error_detail(self, body: bytes) -> tuple[str | None, str | None]:
-        """The upstream ``error.code`` and ``error.message``, when the body has them."""
+    def _error_detail(self, body: bytes) -> tuple[str | None, str | None, str | None]:
+        """The upstream ``error.code``, ``error.message`` and ``error.param``, when the body
+        has them."""
         try:
             envelope = json.loads(body)
         except (ValueError, UnicodeDecodeError):
-            return None, None
+            return None, None, None
         error = envelope.get("error") if isinstance(envelope, dict) else None
         if not isinstance(error, dict):
-            return None, None
-        code = error.get("code")
-        message = error.get("message")
+            return None, None, None
+        code, message, param = error.get("code"), error.get("message"), error.get("param")
         return (
             self._clean(code) if isinstance(code, str) else None,
             self._clean(message) if isinstance(message, str) else None,
+            self._clean(param) if isinstance(param, str) else None,
         )
 
     def _clean(self, text: str) -> str:

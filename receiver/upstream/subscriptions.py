@@ -71,6 +71,7 @@ async def upstream_client(settings: Settings) -> AsyncIterator[UpstreamClient]:
             base_url=settings.api.base_url,
             api_key=settings.api.api_key,
             timeout=settings.api.timeout_seconds,
+            api_version=settings.api.version,
         )
 
 

@@ -213,7 +213,7 @@ async def test_minimal_body_and_minimal_job_are_delivered(stack, event, form):
 
     assert (await stack.record(body["id"])).state == "done"
     assert await stack.states(body["id"]) == {sink: ("done", 1) for sink in ALL_SINKS}
-    (fetched,) = stack.upstream.requests  # the job, once; no asset, no file
+    (fetched,) = stack.upstream.calls()  # the job, once; no asset, no file
     assert (fetched.method, fetched.path) == ("GET", f"/v1/jobs/{JOB}")
     assert fetched.headers["Authorization"] == f"Bearer {API_KEY}"
     (enriched,) = stack.forwarded()
@@ -243,7 +243,7 @@ async def test_a_body_without_a_guaranteed_field_is_refused(stack, missing):
     assert problem["code"] == "malformed_payload"
     assert repr(missing) in problem["message"]
     assert await stack.runtime.store.list() == []
-    assert stack.upstream.requests == []
+    assert stack.upstream.calls() == []
 
 
 # -- asset ------------------------------------------------------------------------------------

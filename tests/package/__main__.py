@@ -8,7 +8,8 @@
 - Installed with its dependencies into a fresh virtualenv and run from an empty directory:
   ``receiver --version`` prints ``receiver X.Y.Z (schema N)`` for this release and schema;
   ``receiver init`` writes a config and ``receiver migrate`` creates its SQLite inbox at that
-  schema version; the inbox page's templates render from the installed package.
+  schema version; the inbox page's templates render from the installed package, and the
+  upstream's baseline OpenAPI document loads from it.
 """
 
 from __future__ import annotations
@@ -139,10 +140,13 @@ def check_installed(bin_dir: Path, here: Path) -> list[str]:
         "print(len(names))\n"
     )
     templates = run([str(bin_dir / "python"), "-c", render], here)
+    spec = "from receiver.upstream.spec_source import baseline\nprint(baseline().revision)\n"
+    revision = run([str(bin_dir / "python"), "-c", spec], here)
     return [
         f"`receiver --version`: {version}",
         f"`receiver init` and `receiver migrate`: {migrated}",
         f"{templates} templates of the inbox page load from the installed package",
+        f"the upstream's baseline OpenAPI document (revision {revision}) loads from it",
     ]
 
 

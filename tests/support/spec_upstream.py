@@ -107,6 +107,11 @@ class SpecUpstream:
         """The requests for ``path`` (without query), in order."""
         return [r for r in self.requests if r.path == path]
 
+    def calls(self) -> list[Seen]:
+        """The requests but those for the OpenAPI document (which ``receiver serve`` reads at
+        start, whatever the events), in order."""
+        return [r for r in self.requests if r.path != "/v1/openapi.json"]
+
     # -- serving ----------------------------------------------------------------------------
 
     def app(self) -> web.Application:
