@@ -3,9 +3,20 @@
 from __future__ import annotations
 
 import gc
+import signal
 from collections.abc import Iterator
 
 import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C reaches the commands the tests start. A shell without job control starts a
+    background command (``make test &``) with SIGINT ignored, and every process it starts would
+    inherit that: ``receiver events tail`` and the walkthrough's commands, which the tests stop
+    with SIGINT, would then never stop. A handler (not an ignore) is reset to the default in
+    each child."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
