@@ -17,10 +17,11 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
-from typing import Any, TextIO
+from typing import Any
 
 from receiver.cli.common import EXIT_USAGE, quiet_logs, settings_from, with_config
 from receiver.cli.pg_tools import pg_commands
+from receiver.cli.progress_line import ProgressLine
 
 DOCS = "docs/operations.md#backups-and-restores"
 
@@ -187,29 +188,13 @@ def _not_sqlite(command: str, settings: Any) -> int:
     return EXIT_USAGE
 
 
-class Progress:
+class Progress(ProgressLine):
     """``receiver backup: 120.0 MB of about 260.0 MB copied (46%)``, redrawn in place on a
     terminal, one line each time otherwise; called at most once a second."""
 
-    def __init__(self, out: TextIO) -> None:
-        self._out = out
-        self._tty = out.isatty()
-        self._drawn = False
-
     def __call__(self, done: int, total: int) -> None:
         percent = min(99, 100 * done // total) if total else 0
-        text = f"receiver backup: {_size(done)} of about {_size(total)} copied ({percent}%)"
-        if self._tty:
-            self._out.write("\r" + text)
-            self._drawn = True
-        else:
-            self._out.write(text + "\n")
-        self._out.flush()
-
-    def finish(self) -> None:
-        if self._drawn:
-            self._out.write("\n")
-            self._out.flush()
+        self.show(f"receiver backup: {_size(done)} of about {_size(total)} copied ({percent}%)")
 
 
 def _size(n: int) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 from receiver.cli.common import (
     EXIT_USAGE,
@@ -20,6 +20,7 @@ from receiver.cli.common import (
     store_settings_from,
     with_config,
 )
+from receiver.cli.progress_line import ProgressLine
 from receiver.config.settings import Settings
 from receiver.humantime import parse_since
 from receiver.store.pull import valid_job_id
@@ -110,14 +111,9 @@ async def _reconcile(
         await store.close()
 
 
-class ProgressBar:
+class ProgressBar(ProgressLine):
     """``[#####.....] 120/250 assets, page 2`` redrawn in place on a terminal; one line per
     page otherwise (logs, CI)."""
-
-    def __init__(self, out: TextIO) -> None:
-        self._out = out
-        self._tty = out.isatty()
-        self._drawn = False
 
     def update(self, summary: ReconcileSummary) -> None:
         total = summary.total
@@ -130,14 +126,4 @@ class ProgressBar:
             text = f"{summary.seen} assets, page {summary.pages}"
         if summary.retries:
             text += f" (retried {summary.retries}x)"
-        if self._tty:
-            self._out.write("\r" + text)
-            self._drawn = True
-        else:
-            self._out.write(text + "\n")
-        self._out.flush()
-
-    def finish(self) -> None:
-        if self._drawn:
-            self._out.write("\n")
-            self._out.flush()
+        self.show(text)
