@@ -266,6 +266,37 @@ async def test_restore_moves_the_inbox_aside_and_puts_the_copy_in_place(tmp_path
     assert code == 0, err
 
 
+async def test_restore_clears_the_leases_of_the_processes_that_ran_when_the_copy_was_taken(
+    tmp_path: Path,
+) -> None:
+    """Work in flight when the backup was taken is taken up at the next start, not after its
+    lease expires: no process of the old receivers runs on the restored inbox."""
+    db, config, _rows = inbox(tmp_path, events=10)
+    with closing(sqlite3.connect(db)) as conn:
+        conn.execute(
+            "UPDATE deliveries SET lease_owner = 'gone-host:4242', lease_expires_at = 9e9 "
+            "WHERE (event_id, sink) IN (SELECT event_id, sink FROM deliveries LIMIT 3)"
+        )
+        conn.commit()
+        leased = conn.execute("SELECT count(*) FROM deliveries WHERE lease_owner IS NOT NULL")
+        assert leased.fetchone() == (3,)
+    dest = tmp_path / "backup.db"
+    code, _out, err = await run_cli("backup", "--config", str(config), str(dest))
+    assert code == 0, err
+    code, out, err = await run_cli("restore", "--config", str(config), str(dest))
+    assert code == 0, err
+    assert "cleared 3 leases of the processes that ran when the copy was taken" in out
+    with closing(sqlite3.connect(db)) as conn:
+        held = conn.execute(
+            "SELECT count(*) FROM deliveries WHERE lease_owner IS NOT NULL "
+            "OR lease_expires_at IS NOT NULL"
+        ).fetchone()
+    assert held == (0,)
+    with closing(sqlite3.connect(dest)) as conn:  # the backup itself keeps what it held
+        kept = conn.execute("SELECT count(*) FROM deliveries WHERE lease_owner IS NOT NULL")
+        assert kept.fetchone() == (3,)
+
+
 def not_sqlite(path: Path) -> None:
     path.write_text("[store]\nurl = 'sqlite:///data/inbox.db'\n")
 

@@ -15,7 +15,8 @@ The steps, each reported as one line:
    the WAL back into the file and removes the ``-wal`` and ``-shm`` files. An inbox in use is
    refused here, before the copy is written.
 3. **The copy is written beside the inbox** (``VACUUM INTO`` a temporary file, flushed to disk
-   and read back).
+   and read back), and its leases are cleared: they name processes of the receivers that ran
+   when the copy was taken, and the work they held would wait for them to expire.
 4. **The inbox is claimed again, and held**: after the switch, the same connection locks the
    file (``locking_mode=EXCLUSIVE``) until the swap is done, so no receiver can start on it in
    between. **The inbox is moved aside** to ``<inbox>.before-restore-<UTC time>`` (never
@@ -54,6 +55,17 @@ CLAIM_SECONDS = 2.0
 #: What SQLite keeps beside a database file, by suffix.
 SIDE_FILES = ("-wal", "-shm", "-journal")
 ASIDE_KIND = "before-restore"
+
+
+#: The tables whose rows carry a lease (deliveries, events, watches), read from the copy.
+LEASED_TABLES = (
+    "SELECT m.name FROM sqlite_schema AS m JOIN pragma_table_info(m.name) AS c "
+    "WHERE m.type = 'table' AND c.name = 'lease_owner'"
+)
+CLEAR_LEASES = (
+    'UPDATE "{table}" SET lease_owner = NULL, lease_expires_at = NULL '
+    "WHERE lease_owner IS NOT NULL OR lease_expires_at IS NOT NULL"
+)
 
 #: Called with each step's line.
 Say = Callable[[str], None]
@@ -102,6 +114,12 @@ def restore(inbox: Path, src: Path, say: Say) -> None:
     with claimed(inbox, _quiet):  # in use: refused now, before the copy is written
         pass
     staged = _stage(source, inbox)
+    leases = _clear_leases(staged)
+    if leases:
+        say(
+            f"cleared {leases} leases of the processes that ran when the copy was taken: the "
+            "work they held (not recorded as done) is taken up again at the next start"
+        )
     try:
         with claimed(inbox, say):
             _swap(staged, inbox, say)
@@ -222,6 +240,28 @@ def _stage(source: Source, inbox: Path) -> Path:
         )
     _owned_as(staged, inbox)
     return staged
+
+
+def _clear_leases(staged: Path) -> int:
+    """Clear every lease in the staged copy; how many there were. A lease names a process of the
+    receivers that ran when the copy was taken: none of them runs on the restored inbox, and the
+    work it held would otherwise wait for the lease to expire."""
+    cleared = 0
+    try:
+        with contextlib.closing(sqlite3.connect(staged, isolation_level=None)) as conn:
+            conn.execute("PRAGMA journal_mode = DELETE")  # no -wal beside the staged copy
+            tables = [name for (name,) in conn.execute(LEASED_TABLES)]
+            conn.execute("BEGIN IMMEDIATE")
+            for table in tables:
+                cleared += conn.execute(CLEAR_LEASES.format(table=table)).rowcount
+            conn.execute("COMMIT")
+    except sqlite3.Error as exc:
+        with contextlib.suppress(OSError):
+            staged.unlink()
+        raise RestoreFailed(
+            f"clearing the copy's leases failed ({exc}); the inbox was left in place, unchanged"
+        ) from exc
+    return cleared
 
 
 def _owned_as(staged: Path, inbox: Path) -> None:
