@@ -31,6 +31,7 @@ from tests.support.receivers import (
 )
 from tests.support.services import require_service
 from tests.support.store_cases import redeliver
+from tests.support.upstream import rely_on
 
 __all__ = ["captures", "receiver", "upstream"]  # fixtures, used by name
 
@@ -298,6 +299,7 @@ async def test_every_sink_type_receives_the_event(receiver, upstream, captures, 
     redis_client = aioredis.from_url("redis://127.0.0.1:6379/0")
     amqp = await aio_pika.connect("amqp://guest:guest@127.0.0.1:5672/")
     nc = await nats.connect("nats://127.0.0.1:4222")
+    rely_on(upstream, job=["item_name"])  # the chat text below names it
     payload = upstream.add_job("animation", item_name="dance")
     try:
         await send(client, payload)

@@ -23,6 +23,16 @@ POSTGRES_URL = os.environ.get(
 )
 
 
+#: The sessions (but this one) holding or waiting for a lock on anything in the schema ``$1``.
+END_SESSIONS_IN_SCHEMA = """
+SELECT pg_terminate_backend(l.pid)
+FROM pg_locks AS l JOIN pg_class AS c ON c.oid = l.relation
+JOIN pg_namespace AS n ON n.oid = c.relnamespace
+WHERE n.nspname = $1 AND l.pid <> pg_backend_pid()
+GROUP BY l.pid
+"""
+
+
 def require_postgres() -> None:
     """Skip (or fail under RECEIVER_REQUIRE_SERVICES=1) unless Postgres accepts connections."""
     parts = urlsplit(POSTGRES_URL)
@@ -44,6 +54,10 @@ async def fresh_schema() -> AsyncIterator[str]:
     finally:
         conn = await asyncpg.connect(POSTGRES_URL)
         try:
+            # A process the test killed may leave its server-side session behind, holding or
+            # waiting for locks in the schema until it notices: end those sessions first, or
+            # the DROP waits for them (and may deadlock with one).
+            await conn.execute(END_SESSIONS_IN_SCHEMA, name)
             await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
         finally:
             await conn.close()
