@@ -266,6 +266,10 @@ bench-redeliver: $(VENV)/.installed-bench bench-tools  ## a redelivery batch ove
 bench-store-copy: $(VENV)/.installed-bench  ## `receiver store copy` of 1,000,000 SQLite events into Postgres: events/s, peak memory vs a tenth of them
 	$(BIN)/python -m bench.store_copy $(BENCH_ARGS)
 
+.PHONY: bench-upstream-validation
+bench-upstream-validation: $(VENV)/.installed-bench  ## the CPU a fetched object's check costs, as a share of enrichment (a job and 2 assets fetched from a stub)
+	$(BIN)/python -m bench.upstream_validation $(BENCH_ARGS)
+
 bench: bench-ingest bench-scale bench-e2e bench-lanes bench-web  ## every benchmark
 
 fuzz: $(VENV)/.installed-dev  ## the webhook fuzz test, FUZZ_EXAMPLES requests (default 100000)

@@ -301,7 +301,7 @@ class Runtime:
             sinks=self.settings.sinks,
             admin_token=self.settings.admin.token,
             admin_host=self.settings.admin.host,
-            watchdog=lambda: self.watchdog,
+            upstream=self,
             on_redeliver=self.wake_worker,
             clock=self.clock,
             settings=self.settings,

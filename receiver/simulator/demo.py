@@ -9,7 +9,9 @@ commands, as a user would:
 3. ``receiver serve`` with ``examples/demo.toml`` (public :18080, ops :18091), which reads that
    secret at start. The simulator's first attempts find nobody listening yet and are retried on
    the upstream's schedule, compressed by ``--time-scale``;
-4. waits until every event is delivered and processed, prints what happened, stops both.
+4. waits until every event is delivered and processed, asks ``receiver upstream check`` whether
+   the simulator's API differs from the one the receiver was built for, prints what happened,
+   stops both.
 
 Everything is written under ``data/demo`` (wiped at the start), logs included. A fixed port
 that is taken is replaced by a free one, in a copy of the config at ``data/demo/demo.toml``.
@@ -183,6 +185,7 @@ class Demo:
             f"all {summary['delivery']['events_delivered']} events delivered; the receiver has "
             f"finished them: {states.count('done')} done, {states.count('dead')} dead"
         )
+        verdict = self.upstream_check(config)
         receiver_code = self.stop("receiver")
         simulator_code = self.stop("simulator")
         self.say(
@@ -193,11 +196,30 @@ class Demo:
         print()
         print((DATA / "simulator-summary.txt").read_text().rstrip())
         print()
+        print("\n".join(verdict))
+        print()
         print(f"logs: {DATA}/receiver.log (JSON lines), {DATA}/simulator.log")
         ok = (
             receiver_code == 0 and simulator_code == 0 and all(e["state"] == "done" for e in events)
         )
         return 0 if ok else 1
+
+    def upstream_check(self, config: Path) -> list[str]:
+        """``receiver upstream check`` against the simulator: the command and what it printed.
+        The simulator's faults answer its document too (a 429, a 500): asked up to three times."""
+        args = ["upstream", "check", "--config", str(config)]
+        for _ in range(3):
+            check = subprocess.run(
+                [sys.executable, "-m", "receiver", *args],
+                capture_output=True,
+                text=True,
+                check=False,
+                env=self.env,
+            )
+            if check.returncode != 2:
+                break
+        printed = (check.stdout + check.stderr).strip().splitlines()
+        return [f"$ receiver {' '.join(args)}", *printed, f"(exit {check.returncode})"]
 
     def port(self, preferred: int) -> int:
         if _free(preferred):

@@ -38,6 +38,11 @@ from receiver.upstream.spec_source import baseline, read_upstream_document
 
 log = get_logger("receiver.upstream")
 
+#: After a look that could not read the document, the next one comes this much sooner
+#: (doubling with each failure, at most MAX_RETRY_SECONDS or the regular interval).
+RETRY_SECONDS = 30.0
+MAX_RETRY_SECONDS = 3600.0
+
 
 async def check_upstream(
     session: aiohttp.ClientSession,
@@ -119,13 +124,22 @@ class SpecCheck:
 
     async def run(self) -> None:
         """Look now and then every ``interval`` seconds (after the first look only, when 0),
-        until cancelled."""
+        until cancelled. A look that could not read the document is tried again sooner: after
+        ``RETRY_SECONDS``, doubling each time, never later than the next regular look (an
+        upstream answering 429 or 503 at start is not left unread for an hour)."""
         log.info("upstream drift check started", interval_minutes=self._api.spec_check_minutes)
+        failures = 0
         while True:
-            await self.check()
-            if self.interval <= 0:
-                await asyncio.Event().wait()  # nothing more to do; ends when cancelled
-            await asyncio.sleep(self.interval)
+            report = await self.check()
+            if report.error is None:
+                failures = 0
+                if self.interval <= 0:
+                    await asyncio.Event().wait()  # nothing more to do; ends when cancelled
+                await asyncio.sleep(self.interval)
+                continue
+            failures += 1
+            retry = RETRY_SECONDS * 2 ** min(failures - 1, 10)
+            await asyncio.sleep(min(retry, self.interval or MAX_RETRY_SECONDS, MAX_RETRY_SECONDS))
 
     def _take(self, report: DriftReport) -> None:
         previous, self._good = self._good, report

@@ -17,18 +17,19 @@ from aiohttp import web
 from receiver.config.settings import SinkSettings
 from receiver.delivery.redelivery import redeliver_event, start
 from receiver.errors import UnknownEvent
-from receiver.logs import get_logger, redact_url
+from receiver.logs import get_logger
 from receiver.observe.metrics import Metrics
 from receiver.store.base import Store
 from receiver.store.batches import RedeliveryFilter
 from receiver.store.browse import Cursor
 from receiver.store.records import EventRecord
-from receiver.upstream.watchdog import Watchdog
+from receiver.upstream.status import UpstreamSide
 from receiver.web import timeline
 from receiver.web.filters import DELIVERY_STATES, BadFilter, parse_events_request
 from receiver.web.incident import BY, PAUSE_CHOICES, IncidentPages
 from receiver.web.lanes import DeliveryRates, gauge_counts, lane_rows
 from receiver.web.render import View, group_key, redirect, render
+from receiver.web.upstream import api_section, subscriptions_section
 
 log = get_logger("receiver.web")
 
@@ -65,7 +66,7 @@ class Pages:
         store: Store,
         metrics: Metrics,
         sinks: Sequence[SinkSettings],
-        watchdog: Callable[[], Watchdog | None],
+        upstream: UpstreamSide | None,
         on_redeliver: Callable[[], None],
         incident: IncidentPages,
         page_size: int = PAGE_SIZE,
@@ -73,7 +74,7 @@ class Pages:
         self._store = store
         self._metrics = metrics
         self._sinks = tuple(sinks)
-        self._watchdog = watchdog
+        self._upstream = upstream
         self._on_redeliver = on_redeliver
         self._incident = incident
         self._rates = DeliveryRates(metrics)
@@ -101,31 +102,10 @@ class Pages:
             oldest_pending=oldest_pending,
             lanes=lanes,
             errors=overview.recent_errors,
-            upstream=self._upstream(),
+            upstream=subscriptions_section(self._upstream),
+            upstream_api=api_section(self._upstream),
             pause_choices=PAUSE_CHOICES,
         )
-
-    def _upstream(self) -> dict[str, Any]:
-        """The subscription watchdog's latest look, as the overview shows it."""
-        watchdog = self._watchdog()
-        if watchdog is None:
-            return {"watched": False}
-        hooks = [
-            {
-                "id": str(hook.get("id")),
-                "url": redact_url(str(hook.get("url", ""))),
-                "active": hook.get("active") is not False,
-                "failures": hook.get("consecutive_failures") or 0,
-                "events": ", ".join(str(e) for e in hook.get("events") or []),
-            }
-            for hook in watchdog.subscriptions or []
-        ]
-        return {
-            "watched": True,
-            "hooks": hooks,
-            "checked_at": watchdog.checked_at,
-            "error": watchdog.last_error,
-        }
 
     async def events(self, request: web.Request, view: View) -> web.Response:
         try:

@@ -26,7 +26,7 @@ from receiver.errors import StoreError
 from receiver.logs import get_logger
 from receiver.observe.metrics import Metrics
 from receiver.store.base import Store
-from receiver.upstream.watchdog import Watchdog
+from receiver.upstream.status import UpstreamSide
 from receiver.web.auth import (
     SESSION_COOKIE,
     Sessions,
@@ -52,8 +52,9 @@ class InboxUi:
     """The ``/ui/`` application: pages from :class:`~receiver.web.pages.Pages`, behind the guard.
 
     ``admin_token`` is ``admin.token``; ``admin_host`` is where the ops listener is bound
-    (without a token the UI is served only on loopback); ``watchdog`` returns the subscription
-    watchdog of this process, if any; ``on_redeliver`` wakes the workers after a redelivery.
+    (without a token the UI is served only on loopback); ``upstream`` is what this process knows
+    of the upstream (its subscription watchdog, its look at the upstream's API), read on every
+    overview; ``on_redeliver`` wakes the workers after a redelivery.
     """
 
     def __init__(
@@ -64,7 +65,7 @@ class InboxUi:
         sinks: Sequence[SinkSettings],
         admin_token: str,
         admin_host: str,
-        watchdog: Callable[[], Watchdog | None] = lambda: None,
+        upstream: UpstreamSide | None = None,
         on_redeliver: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.time,
         settings: Settings | None = None,
@@ -83,7 +84,7 @@ class InboxUi:
             store=store,
             metrics=metrics,
             sinks=sinks,
-            watchdog=watchdog,
+            upstream=upstream,
             on_redeliver=on_redeliver,
             incident=self.incident,
         )

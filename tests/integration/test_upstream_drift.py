@@ -8,6 +8,8 @@ never delay.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import tracemalloc
 import uuid
@@ -284,3 +286,33 @@ async def test_a_process_without_workers_or_key_does_not_look(upstream, tmp_path
     assert not SpecCheck.wanted(settings, runs_workers=False)
     keyless = parse_settings({"webhook": {"secrets": [SECRET]}}, env={})
     assert not SpecCheck.wanted(keyless, runs_workers=True)
+
+
+async def test_a_look_that_could_not_read_the_document_is_tried_again_sooner(
+    upstream: OpenApiUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An upstream answering 503 at start is read again after RETRY_SECONDS (doubling), not
+    only at the next regular look an hour later."""
+    from receiver.upstream import spec_check as module
+
+    monkeypatch.setattr(module, "RETRY_SECONDS", 0.05)
+    upstream.serve({"code": "unavailable"}, status=503)
+    async with aiohttp.ClientSession() as session:
+        spec_check = SpecCheck(settings=api(upstream), session=session, metrics=Metrics())
+        assert spec_check.interval == 3600  # the regular look: once an hour
+        running = asyncio.ensure_future(spec_check.run())
+        try:
+            first = await spec_check.wait_checked()
+            assert first.error is not None and first.exit_code == 2
+            upstream.serve(variants.baseline_doc())
+            for _ in range(200):
+                if spec_check.report is not None and spec_check.report.error is None:
+                    break
+                await asyncio.sleep(0.05)
+            report = spec_check.report
+            assert report is not None and report.error is None, report
+            assert report.exit_code == 0 and report.revision == "1.14.0"
+        finally:
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running

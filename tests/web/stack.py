@@ -35,10 +35,17 @@ class Stack:
     Sinks: ``consumer`` (an HTTP consumer that answers 200, sent every event) and ``archive``
     (sent ``job.failed`` events only; it answers 503, so they die after two attempts and show up
     as dead letters).
+
+    ``spec_drift`` is what the simulator's ``/v1/openapi.json`` serves at start (``none``,
+    ``notice``, ``breaking``; ``sim.spec_drift`` changes it later); ``spec_check_minutes`` how
+    often the receiver reads it (``api.spec_check_minutes``, default: only at start).
     """
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(
+        self, directory: Path, *, spec_drift: str = "none", spec_check_minutes: float = 0
+    ) -> None:
         self.directory = directory
+        self.spec_check_minutes = spec_check_minutes
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         #: Unhandled errors of tasks on the stack's loop; the tests assert there are none.
@@ -46,6 +53,7 @@ class Stack:
         self.loop.set_exception_handler(lambda _loop, context: self.loop_errors.append(context))
         self._runners: list[web.AppRunner] = []
         self.sim = Simulator(api_key=API_KEY, seed=5)
+        self.sim.spec_drift = spec_drift
         self.sender = WebhookSender(self.sim)
         self.consumer = Capture()
         self.archive = Capture()
@@ -75,6 +83,7 @@ class Stack:
                     "api_key": API_KEY,
                     "timeout_seconds": 5,
                     "watchdog_interval_seconds": 2,
+                    "spec_check_minutes": self.spec_check_minutes,
                 },
                 "store": {"url": "sqlite:///data/inbox.db"},
                 "worker": {
