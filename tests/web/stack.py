@@ -8,9 +8,10 @@ browser tests themselves stay plain synchronous code driving Playwright's sync A
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -166,3 +167,19 @@ class Stack:
 
     def log(self) -> str:
         return self.receiver.log() if self.receiver is not None else ""
+
+
+@contextlib.contextmanager
+def running(directory: Path, **options: Any) -> Iterator[Stack]:
+    """A started :class:`Stack` (``options`` as its own), stopped at exit; its receiver's log is
+    printed when the body fails, and the stack's loop must have recorded no unhandled error."""
+    stack = Stack(directory, **options)
+    try:
+        stack.start()
+        yield stack
+    except BaseException:
+        print(stack.log())
+        raise
+    finally:
+        stack.stop()
+    assert stack.loop_errors == [], stack.loop_errors

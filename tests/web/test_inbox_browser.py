@@ -25,7 +25,7 @@ import pytest
 from tests.support.helpers import ROOT
 from tests.support.services import require_tool
 from tests.support.upstream import rely_on
-from tests.web.stack import ADMIN_TOKEN, Stack
+from tests.web.stack import ADMIN_TOKEN, Stack, running
 
 XSS = "<script>alert(1)</script>"
 TIMEOUT_MS = 20_000
@@ -42,16 +42,8 @@ expect.set_options(timeout=TIMEOUT_MS)
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    running = Stack(tmp_path_factory.mktemp("inbox-browser"))
-    try:
-        running.start()
-        yield running
-    except BaseException:
-        print(running.log())
-        raise
-    finally:
-        running.stop()
-    assert running.loop_errors == [], running.loop_errors
+    with running(tmp_path_factory.mktemp("inbox-browser")) as started:
+        yield started
 
 
 @pytest.fixture(scope="module")

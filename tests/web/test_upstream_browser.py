@@ -23,7 +23,7 @@ from receiver.simulator.versions import JOBS_DEPRECATED_AT
 from receiver.web.render import format_time
 from tests.support.helpers import ROOT
 from tests.web import test_inbox_browser as inbox
-from tests.web.stack import Stack
+from tests.web.stack import Stack, running
 
 # The inbox browser module's fixtures (a browser and a signed-in tab), over this module's stack.
 browser, signed_in, page = inbox.browser, inbox.signed_in, inbox.page
@@ -35,16 +35,8 @@ PINNED = "2026-08-20"  # api.version's default
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    running = Stack(tmp_path_factory.mktemp("upstream-browser"), spec_check_minutes=0.05)
-    try:
-        running.start()
-        yield running
-    except BaseException:
-        print(running.log())
-        raise
-    finally:
-        running.stop()
-    assert running.loop_errors == [], running.loop_errors
+    with running(tmp_path_factory.mktemp("upstream-browser"), spec_check_minutes=0.05) as started:
+        yield started
 
 
 def test_no_drift_shows_the_revision_the_pinned_version_and_no_difference(page, stack):
