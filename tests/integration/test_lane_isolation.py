@@ -217,8 +217,9 @@ async def test_a_paced_and_a_hanging_sink_hold_back_neither_fast_sink(
     fastest: dict[str, float] = {}
     # On a machine shared with other work (the suite's other workers, other builds) one pair of
     # runs can be unlucky: load only ever adds time, so the fastest run of each kind so far is
-    # compared, and another pair is run while they miss (a lane held back by its neighbours
-    # misses every time, by far).
+    # compared, and so is each pair (its two runs close in time, under the same load, where the
+    # fastest runs of each kind may come from a quiet and a busy moment); another pair is run
+    # while both miss (a lane held back by its neighbours misses every time, by far).
     for _round in range(ROUNDS):
         runtime, client = await receivers(await new_store(), fast_sinks(tmp_path, consumer))
         alone = await fast_sinks_seconds(runtime, client, payloads, timeout=60)
@@ -240,7 +241,7 @@ async def test_a_paced_and_a_hanging_sink_hold_back_neither_fast_sink(
 
         fastest["alone"] = min(alone, fastest.get("alone", alone))
         fastest["beside"] = min(beside, fastest.get("beside", beside))
-        ratio = fastest["beside"] / fastest["alone"]
+        ratio = min(fastest["beside"] / fastest["alone"], beside / alone)
         ratios.append(f"{beside:.2f} s beside the slow sinks vs {alone:.2f} s alone")
         print(
             f"lanes: fast sinks {alone:.2f} s alone, {beside:.2f} s beside ({ratio:.2f}x); chat "
