@@ -3,12 +3,10 @@ what they write, what they refuse with one line, and that a refusal changes noth
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import shutil
 import sqlite3
-import sys
 from contextlib import closing
 from pathlib import Path
 
@@ -18,7 +16,7 @@ from receiver.store import sqlite as sqlite_store
 from receiver.store.sqlite import backup as backup_module
 from receiver.store.sqlite.backup import back_up
 from tests.support.cli import assert_one_clean_line, run_cli
-from tests.support.helpers import ROOT, write_config
+from tests.support.helpers import write_config
 from tests.support.old_inbox import (
     file_state,
     make_sqlite_inbox,
@@ -117,30 +115,17 @@ async def test_a_disk_full_midway_removes_the_partial_copy(tmp_path: Path) -> No
     before = file_state(db)
     dest = tmp_path / "backups"
     dest.mkdir()
-    proc = await asyncio.create_subprocess_exec(
-        "prlimit",
-        f"--fsize={limit}",
-        sys.executable,
-        "-m",
-        "receiver",
+    code, stdout, stderr = await run_cli(
         "backup",
         "--config",
         str(config),
         str(dest),
-        cwd=ROOT,
-        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+        env={"PYTHONDONTWRITEBYTECODE": "1"},
+        under=["prlimit", f"--fsize={limit}"],
     )
-    try:
-        stdout, stderr = await asyncio.wait_for(proc.communicate(), 60)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    assert (proc.returncode, stdout) == (1, b""), stderr
-    assert_one_clean_line(stderr.decode())
-    assert "the partial copy was removed, the inbox is as it was" in stderr.decode()
+    assert (code, stdout) == (1, ""), stderr
+    assert_one_clean_line(stderr)
+    assert "the partial copy was removed, the inbox is as it was" in stderr
     assert list(dest.iterdir()) == []
     after = file_state(db)
     after.pop("inbox.db-writer", None)

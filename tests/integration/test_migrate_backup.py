@@ -4,19 +4,16 @@ its log, and keeps the newest three; when the copy cannot be written, nothing is
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import re
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
 from receiver.store import sqlite
 from tests.support.cli import assert_one_clean_line, run_cli
-from tests.support.helpers import ROOT, write_config
+from tests.support.helpers import write_config
 from tests.support.old_inbox import (
     file_state,
     make_sqlite_inbox,
@@ -121,30 +118,17 @@ async def test_when_the_copy_cannot_be_written_nothing_is_migrated(tmp_path: Pat
     before = file_state(db)
     config = config_for(tmp_path, db)
 
-    proc = await asyncio.create_subprocess_exec(
-        "prlimit",
-        f"--fsize={limit}",
-        sys.executable,
-        "-m",
-        "receiver",
+    code, stdout, stderr = await run_cli(
         "migrate",
         "--config",
         str(config),
-        cwd=ROOT,
-        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+        env={"PYTHONDONTWRITEBYTECODE": "1"},
+        under=["prlimit", f"--fsize={limit}"],
     )
-    try:
-        stdout, stderr = await asyncio.wait_for(proc.communicate(), 60)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    assert proc.returncode == 1, stderr
-    assert stdout == b""
-    assert_one_clean_line(stderr.decode())
-    line = stderr.decode().strip()
+    assert code == 1, stderr
+    assert stdout == ""
+    assert_one_clean_line(stderr)
+    line = stderr.strip()
     assert line.startswith(
         f"receiver: the inbox {db} was not migrated: the copy of it to keep first could not be "
         "written beside it ("

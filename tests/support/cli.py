@@ -6,6 +6,7 @@ import asyncio
 import os
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +14,15 @@ from tests.support.helpers import ROOT
 
 
 async def run_cli(
-    *args: str, env: dict[str, str] | None = None, cwd: str | Path | None = None
+    *args: str,
+    env: dict[str, str] | None = None,
+    cwd: str | Path | None = None,
+    under: Sequence[str] = (),
 ) -> tuple[int | None, str, str]:
-    """``python -m receiver ARGS``: (exit code, stdout, stderr)."""
+    """``python -m receiver ARGS``: (exit code, stdout, stderr). ``under`` is a command it runs
+    under (``["prlimit", "--fsize=N"]``: a file size limit standing for a full disk)."""
     proc = await asyncio.create_subprocess_exec(
+        *under,
         sys.executable,
         "-m",
         "receiver",
