@@ -37,8 +37,6 @@ from receiver.upstream.reads import JOB_STATUSES
 log = get_logger("receiver.enrich")
 
 UNFINISHED_JOB_STATES = frozenset({"pending", "processing"})
-#: The spec's job statuses: the only ones acted on.
-JOB_STATES = JOB_STATUSES
 ASSET_READY = "completed"
 #: The ``job`` of a reconciled event whose assets name no job: nothing to fetch, and only
 #: completed assets are ever named (see :mod:`receiver.pull.events`).
@@ -92,10 +90,10 @@ class Enricher:
         status = job.get("status")
         if status in UNFINISHED_JOB_STATES:
             raise NotReady(f"job {record.job_id} is still {status}")
-        if status not in JOB_STATES:
+        if status not in JOB_STATUSES:
             raise NotReady(
                 f"job {record.job_id} has status {_shown(status)}, not one of the spec's "
-                f"{', '.join(sorted(JOB_STATES))}: not taken as finished, waiting for one of them"
+                f"{', '.join(sorted(JOB_STATUSES))}: not taken as finished, waiting for one of them"
             )
         assets: list[Mapping[str, Any]] = []
         if status == "completed" and record.event == "job.completed":

@@ -18,10 +18,10 @@ import pytest
 from receiver.config.settings import StoreSettings
 from receiver.store import Store
 from receiver.store.batches import RedeliveryFilter
-from receiver.store.postgres import schema as pg_schema
 from receiver.store.records import Outcome, Snapshot
 from receiver.store.sqlite import SqliteStore
 from receiver.store.sqlite import schema as sqlite_schema
+from tests.support.old_inbox import create_postgres_schema
 from tests.support.postgres import POSTGRES_URL, fresh_schema, require_postgres, store_settings
 from tests.support.store_cases import T0, delivery, new_event, records, redeliver
 
@@ -155,16 +155,8 @@ def sqlite_rows(path: Path, columns: Columns) -> dict[str, list[Any]]:
 async def postgres_v7(schema: str) -> None:
     conn = await asyncpg.connect(POSTGRES_URL)
     try:
-        await conn.execute(f'CREATE SCHEMA "{schema}"')
-        await conn.execute(f'SET search_path = "{schema}"')
         async with conn.transaction():
-            await conn.execute(pg_schema.CREATE_MIGRATIONS_TABLE)
-            for migration in pg_schema.MIGRATIONS[:V7]:
-                for statement in migration.statements:
-                    await conn.execute(statement)
-                await conn.execute(
-                    pg_schema.RECORD_MIGRATION, migration.version, migration.description
-                )
+            await create_postgres_schema(conn, schema, V7)
             for table, rows in ROWS.items():
                 for row in rows:
                     names = ", ".join(row)

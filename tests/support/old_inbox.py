@@ -114,22 +114,26 @@ def file_state(path: Path) -> dict[str, str]:
     }
 
 
+async def create_postgres_schema(conn: asyncpg.Connection, schema: str, version: int) -> None:
+    """Create ``schema`` at ``version`` on ``conn`` (the first ``version`` migrations, recorded as
+    the store records them), and make it the connection's search path."""
+    await conn.execute(f'CREATE SCHEMA "{schema}"')
+    await conn.execute(f'SET search_path = "{schema}"')
+    await conn.execute(pg_schema.CREATE_MIGRATIONS_TABLE)
+    for migration in pg_schema.MIGRATIONS[:version]:
+        for statement in migration.statements:
+            await conn.execute(statement)
+        await conn.execute(pg_schema.RECORD_MIGRATION, migration.version, migration.description)
+
+
 async def make_postgres_inbox(schema: str, version: int, *, events: int = 5) -> Rows:
     """A Postgres inbox in ``schema`` (created here) at ``version`` holding ``events`` events;
     the rows put in."""
     rows = event_rows(events)
     conn = await asyncpg.connect(POSTGRES_URL)
     try:
-        await conn.execute(f'CREATE SCHEMA "{schema}"')
-        await conn.execute(f'SET search_path = "{schema}"')
         async with conn.transaction():
-            await conn.execute(pg_schema.CREATE_MIGRATIONS_TABLE)
-            for migration in pg_schema.MIGRATIONS[:version]:
-                for statement in migration.statements:
-                    await conn.execute(statement)
-                await conn.execute(
-                    pg_schema.RECORD_MIGRATION, migration.version, migration.description
-                )
+            await create_postgres_schema(conn, schema, version)
             marks = ", ".join(f"${i}" for i in range(1, len(EVENT_COLUMNS) + 1))
             await conn.executemany(_insert("events", EVENT_COLUMNS, marks), rows["events"])
             marks = ", ".join(f"${i}" for i in range(1, len(DELIVERY_COLUMNS) + 1))

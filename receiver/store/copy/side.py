@@ -4,7 +4,7 @@ both backends page through a table with."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from receiver.store.copy.locations import Location
 from receiver.store.copy.tables import Column, Table, quoted
@@ -85,10 +85,11 @@ def page_query(
 
 
 class TableReads:
-    """The reads both backends answer with the same SQL, through their :meth:`_select`."""
+    """The reads both backends answer with the same SQL, through their ``_select`` (a mixin)."""
 
-    async def _select(self, sql: str) -> list[Sequence[Any]]:
-        raise NotImplementedError
+    if TYPE_CHECKING:
+
+        async def _select(self, sql: str) -> list[Sequence[Any]]: ...
 
     async def count(self, table: str) -> int:
         """How many rows ``table`` holds."""
