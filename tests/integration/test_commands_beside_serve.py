@@ -93,20 +93,29 @@ class Stack:
         """Until every attempt the flaky sink answered 500 is settled dead (the next command
         that selects dead deliveries sees them all)."""
 
+        seen: dict[str, float] = {}
+
         async def settled() -> bool:
             url = f"http://127.0.0.1:{self.server.ops_port}/metrics"
             async with self.session.get(url) as response:
                 text = await response.text()
+            seen.clear()
             for family in text_string_to_metric_families(text):
                 for sample in family.samples:
-                    if sample.name == "receiver_sink_deliveries_total" and sample.labels == {
-                        "sink": "flaky",
-                        "outcome": "dead",
-                    }:
-                        return sample.value == len(self.flaky.requests)
-            return False
+                    if (
+                        sample.name == "receiver_sink_deliveries_total"
+                        and sample.labels.get("sink") == "flaky"
+                    ):
+                        seen[sample.labels["outcome"]] = sample.value
+            return seen.get("dead") == len(self.flaky.requests)
 
-        await wait_for(settled, 20, 0.05, "the flaky sink's attempts to be settled dead")
+        try:
+            await wait_for(settled, 20, 0.05, "the flaky sink's attempts to be settled dead")
+        except AssertionError as exc:
+            raise AssertionError(
+                f"{exc}: {len(self.flaky.requests)} requests at the sink, outcomes {seen}\n"
+                f"{self.server.log()}"
+            ) from None
 
 
 def sent_ids(capture: Capture) -> list[str]:

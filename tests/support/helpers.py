@@ -23,22 +23,46 @@ from receiver.signature import webhook_headers
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# Ports a test hands to a process it starts come from a range of this worker's own, below the
+# kernel's ephemeral range (32768-60999 by default): a port taken from the ephemeral range can be
+# given to an outgoing connection or to a port-0 listener of another worker in the time between
+# choosing it and the process binding it.
+_PORTS_FIRST, _PORTS_PER_WORKER = 12000, 2500
+_next_port: list[int] = []
+
+
+def _worker_index() -> int:
+    name = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return int(name[2:]) if name.startswith("gw") and name[2:].isdigit() else 0
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def adjacent_free_ports() -> int:
-    """A free port p with p + 1 free too (e.g. the ops listeners of ``--processes 2``)."""
-    for _ in range(50):
-        port = free_port()
-        with socket.socket() as probe:
+    """A port nothing listens on, from this test worker's own range (in turn, wrapping)."""
+    first = _PORTS_FIRST + (_worker_index() % 8) * _PORTS_PER_WORKER
+    if not _next_port:
+        # A random start: two test sessions at once (rare) rarely walk the same ports together.
+        _next_port.append(first + int.from_bytes(os.urandom(2)) % _PORTS_PER_WORKER)
+    for _ in range(_PORTS_PER_WORKER):
+        port = _next_port[0]
+        _next_port[0] = first + (port + 1 - first) % _PORTS_PER_WORKER
+        with socket.socket() as s:
             try:
-                probe.bind(("127.0.0.1", port + 1))
+                s.bind(("127.0.0.1", port))
             except OSError:
                 continue
         return port
+    raise AssertionError(f"no free port in {first}..{first + _PORTS_PER_WORKER - 1}")
+
+
+def adjacent_free_ports() -> int:
+    """A free port p with p + 1 free too (e.g. the ops listeners of ``--processes 2``); neither
+    is handed out again by :func:`free_port` soon after."""
+    port = free_port()
+    for _ in range(50):
+        following = free_port()
+        if following == port + 1:
+            return port
+        port = following
     raise AssertionError("no two adjacent free ports")
 
 
