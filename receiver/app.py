@@ -28,6 +28,7 @@ from receiver.logs import get_logger
 from receiver.observe.metrics import Metrics
 from receiver.ops.handlers import Ops
 from receiver.ops.incident import IncidentAdmin
+from receiver.ops.retention import Retention, Timing
 from receiver.pull.admin import WatchAdmin
 from receiver.pull.poller import Poller
 from receiver.pull.reconcile import Reconciler, reconcile_periodically
@@ -57,7 +58,6 @@ GAUGE_REFRESH_SECONDS = 5.0
 # load): with a large inbox they are refreshed less often than every GAUGE_REFRESH_SECONDS, so
 # that counting never takes more than this share of the time, however many events are stored.
 GAUGE_REFRESH_SHARE = 0.02
-PRUNE_INTERVAL_SECONDS = 3600.0
 
 
 class Runtime:
@@ -133,7 +133,9 @@ class Runtime:
                 await self._start_workers(self.session, upstream)
             self.supervisor.start("gauges", self._refresh_gauges)
             if self.runs_workers:
-                self.supervisor.start("prune", self._prune)
+                timing = Timing.of(self.settings.store.retention_hours)
+                retention = Retention(self.store, self.metrics, timing, clock=self.clock)
+                self.supervisor.start("prune", retention.run)
             # --- upstream subscription watchdog ---
             self.watchdog = self._watchdog(upstream)
             if self.watchdog is not None:
@@ -354,6 +356,11 @@ class Runtime:
             self.metrics.inbox_events.labels(state).set(counts.get(state, 0))
         age = 0.0 if oldest is None else max(0.0, now - oldest)
         self.metrics.inbox_oldest_pending_seconds.set(age)
+        space = await self.store.space()
+        if space is not None:
+            self.metrics.inbox_file_bytes.set(space.file_bytes)
+            if space.free_bytes is not None:
+                self.metrics.inbox_free_bytes.set(space.free_bytes)
         lanes = await self.store.lane_stats(now=now)
         for sink in self.settings.sinks:
             stats = lanes.get(sink.name, LaneStats())
@@ -373,17 +380,6 @@ class Runtime:
                 log.warning("inbox gauges not refreshed", error=exc.message)
             took = loop.time() - started
             await asyncio.sleep(max(GAUGE_REFRESH_SECONDS, took * (1 / GAUGE_REFRESH_SHARE - 1)))
-
-    async def _prune(self) -> None:
-        retention = self.settings.store.retention_hours * 3600
-        while True:
-            try:
-                pruned = await self.store.prune(older_than=self.clock() - retention)
-                if pruned:
-                    log.info("pruned processed events", count=pruned)
-            except StoreError as exc:
-                log.warning("pruning failed", error=exc.message)
-            await asyncio.sleep(PRUNE_INTERVAL_SECONDS)
 
 
 async def _to_inbox_ui(_request: web.Request) -> web.Response:

@@ -110,6 +110,27 @@ class Metrics:
             ["state"],
             registry=r,
         )
+        self.inbox_pruned = Counter(
+            "receiver_inbox_pruned_events",
+            "Processed events deleted after their retention.",
+            registry=r,
+        )
+        self.inbox_vacuumed_bytes = Counter(
+            "receiver_inbox_vacuumed_bytes",
+            "Free space in the SQLite inbox given back to the file system (incremental vacuum).",
+            registry=r,
+        )
+        self.inbox_file_bytes = Gauge(
+            "receiver_inbox_file_bytes",
+            "What the inbox takes on disk (SQLite: the file and its WAL; Postgres: its tables "
+            "with their indexes).",
+            registry=r,
+        )
+        self.inbox_free_bytes = Gauge(
+            "receiver_inbox_free_bytes",
+            "Free pages inside the SQLite inbox file (new rows reuse them).",
+            registry=r,
+        )
         self.inbox_oldest_pending_seconds = Gauge(
             "receiver_inbox_oldest_pending_seconds",
             "Age of the oldest event still pending (0 when none).",

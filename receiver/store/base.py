@@ -47,6 +47,7 @@ from receiver.store.lanes_model import (
 )
 from receiver.store.pull import PullStore
 from receiver.store.records import EventRecord, EventState, NewEvent, Outcome, Snapshot
+from receiver.store.space import InboxSpace
 from receiver.store.steps import Step
 
 
@@ -168,7 +169,21 @@ class Store(PullStore, Protocol):
         """Events newest first, optionally only those in ``state``."""
 
     async def prune(self, *, older_than: float, batch: int = 1000) -> int:
-        """Delete finished (``done``) events received before ``older_than``; returns how many."""
+        """Delete finished (``done``) events received before ``older_than``; returns how many.
+        Runs :meth:`prune_step` until nothing is left (the retention loop paces its steps
+        itself: :mod:`receiver.ops.retention`)."""
+
+    async def prune_step(self, *, older_than: float, limit: int) -> int:
+        """Delete at most ``limit`` finished events received before ``older_than``, in one
+        short transaction; returns how many."""
+
+    async def space(self) -> InboxSpace | None:
+        """What the inbox takes on disk and how much of it is free inside it; None for a
+        backend with nothing to measure."""
+
+    async def reclaim_space(self, *, max_pages: int) -> int:
+        """Give back to the file system at most ``max_pages`` of the inbox's free pages, in one
+        short transaction; returns the bytes given back (0 when the backend cannot)."""
 
     async def counts(self) -> tuple[dict[str, int], float | None]:
         """Events per state, and the receipt time of the oldest pending event (or None)."""

@@ -748,6 +748,33 @@ async def test_prune_deletes_only_old_done_events(store: Store) -> None:
     assert [(d.state, d.attempts) for d in record.deliveries] == [("pending", 0)] * 2
 
 
+async def test_a_prune_step_deletes_at_most_its_limit_oldest_rules_alike(store: Store) -> None:
+    for i in range(7):
+        await store.add_event(new_event(f"ev-{i}", received_at=T0 + i, sinks=()))
+    await store.add_event(new_event("pending", received_at=T0))
+    await store.add_event(new_event("keep", received_at=T0 + 1000, sinks=()))
+
+    assert await store.prune_step(older_than=T0 + 500, limit=3) == 3
+    assert await store.prune_step(older_than=T0 + 500, limit=3) == 3
+    assert await store.prune_step(older_than=T0 + 500, limit=3) == 1
+    assert await store.prune_step(older_than=T0 + 500, limit=3) == 0
+    assert (await store.counts())[0] == {"pending": 1, "done": 1, "dead": 0}
+
+
+async def test_space_is_measured_where_the_backend_can(store: Store, backend: str) -> None:
+    await store.add_event(new_event("one", received_at=T0, sinks=()))
+    space = await store.space()
+    if backend == "memory":
+        assert space is None
+        assert await store.reclaim_space(max_pages=10) == 0
+        return
+    assert space is not None
+    assert space.file_bytes > 0
+    # A SQLite inbox this release creates can give pages back; Postgres never shrinks itself.
+    assert space.reclaimable is (backend == "sqlite")
+    assert (space.free_bytes is not None) is (backend == "sqlite")
+
+
 async def test_prune_in_batches_deletes_everything_due(store: Store) -> None:
     for i in range(25):
         await store.add_event(new_event(f"ev-{i:02}", received_at=T0 + i, sinks=()))

@@ -16,6 +16,7 @@ from receiver.store.browse import (
 )
 from receiver.store.memory.batches import MemoryBatches
 from receiver.store.records import EVENT_STATES, DeliveryRecord, EventRecord
+from receiver.store.space import InboxSpace
 from receiver.store.steps import Step, in_order
 
 
@@ -42,15 +43,24 @@ class MemoryBrowse(MemoryBatches):
         return [ev.record() for ev in events[start : start + max(limit, 0)]]
 
     async def prune(self, *, older_than: float, batch: int = 1000) -> int:
+        return await self.prune_step(older_than=older_than, limit=len(self._events))
+
+    async def prune_step(self, *, older_than: float, limit: int) -> int:
         self._check()
         doomed = [
             ev.new.id
             for ev in self._events.values()
             if ev.state == "done" and ev.new.received_at < older_than
-        ]
+        ][: max(limit, 0)]
         for event_id in doomed:
             del self._events[event_id]
         return len(doomed)
+
+    async def space(self) -> InboxSpace | None:
+        return None
+
+    async def reclaim_space(self, *, max_pages: int) -> int:
+        return 0
 
     async def counts(self) -> tuple[dict[str, int], float | None]:
         self._check()

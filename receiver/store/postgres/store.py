@@ -52,6 +52,7 @@ from receiver.store.postgres.lanes import PostgresLanes
 from receiver.store.postgres.migrate import PostgresMigrations
 from receiver.store.postgres.pull import PostgresPull
 from receiver.store.postgres.schema import _quote_ident
+from receiver.store.postgres.space import PostgresSpace
 from receiver.store.records import NewEvent
 from receiver.store.sql.browse import SqlBrowse
 from receiver.store.sql.conn import Conn
@@ -70,7 +71,9 @@ LISTEN_HEALTH_SECONDS = 30.0
 PING = "SELECT 1"
 
 
-class PostgresStore(SqlLanes, SqlBrowse, SqlPull, SqlSteps, PostgresIntake, PostgresMigrations):
+class PostgresStore(
+    SqlLanes, SqlBrowse, SqlPull, SqlSteps, PostgresIntake, PostgresMigrations, PostgresSpace
+):
     """The inbox in a Postgres database, shared safely by any number of receiver processes.
 
     ``settings.pool_size`` caps this process's pooled connections (a process running workers

@@ -179,20 +179,23 @@ class SqlBrowse(SqlBatches):
         return await self._run_read(run, snapshot=True)
 
     async def prune(self, *, older_than: float, batch: int = 1000) -> int:
-        sql = self._browse_sql
-        params = {"older_than": older_than, "limit": max(batch, 1)}
+        total = 0
+        while True:
+            deleted = await self.prune_step(older_than=older_than, limit=max(batch, 1))
+            total += deleted
+            if deleted < max(batch, 1):
+                return total
+
+    async def prune_step(self, *, older_than: float, limit: int) -> int:
+        # One short transaction: intake commits between two steps, and row locks (where
+        # writers take them) are held for one step only.
+        params = {"older_than": older_than, "limit": max(limit, 1)}
+        statement = self._browse_sql.PRUNE_BATCH
 
         async def run(c: Conn) -> int:
-            return await c.run(sql.PRUNE_BATCH, params)
+            return await c.run(statement, params)
 
-        total = 0
-        # One short transaction per batch: intake keeps committing in between, and row locks
-        # (where writers take them) are held for one batch only.
-        while True:
-            deleted = await self._run_write(run, transaction=False, durable=False)
-            total += deleted
-            if deleted < params["limit"]:
-                return total
+        return await self._run_write(run, transaction=False, durable=False)
 
     async def counts(self) -> tuple[dict[str, int], float | None]:
         sql = self._browse_sql

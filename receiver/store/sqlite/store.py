@@ -73,6 +73,7 @@ from receiver.store.sqlite.schema import (
     PRAGMA_WAL,
     ROLLBACK,
 )
+from receiver.store.sqlite.space import PRAGMA_AUTO_VACUUM_INCREMENTAL, SqliteSpace
 from receiver.store.sqlite.writer_turns import WriterTurns
 
 T = TypeVar("T")
@@ -95,7 +96,9 @@ def sqlite_path(url: str) -> Path:
     return Path(rest)
 
 
-class SqliteStore(SqlLanes, SqlBrowse, SqlPull, SqlSteps, SqliteCheckpoints, SqliteMigrations):
+class SqliteStore(
+    SqlLanes, SqlBrowse, SqlPull, SqlSteps, SqliteCheckpoints, SqliteMigrations, SqliteSpace
+):
     """The inbox in one SQLite file (WAL), on four aiosqlite connections.
 
     - *intake*: :meth:`add_event` calls are gathered by a
@@ -247,6 +250,9 @@ class SqliteStore(SqlLanes, SqlBrowse, SqlPull, SqlSteps, SqliteCheckpoints, Sql
             ((mode,),) = await conn.execute_fetchall(PRAGMA_JOURNAL_MODE)
             # Switching needs a write; skip it when the file is already WAL (read-only files).
             if str(mode).lower() != "wal":
+                # A new file: free pages can be given back (.space); it must be said before
+                # the first page is written (an older file ignores it until a VACUUM).
+                await conn.execute(PRAGMA_AUTO_VACUUM_INCREMENTAL)
                 await conn.execute(PRAGMA_WAL)
             if query_only:
                 await conn.execute(PRAGMA_QUERY_ONLY)
@@ -324,15 +330,22 @@ class SqliteStore(SqlLanes, SqlBrowse, SqlPull, SqlSteps, SqliteCheckpoints, Sql
         return results
 
     async def _write_tx(
-        self, fn: Callable[[aiosqlite.Connection], Awaitable[T]], *, durable: bool = True
+        self,
+        fn: Callable[[aiosqlite.Connection], Awaitable[T]],
+        *,
+        durable: bool = True,
+        own_transaction: bool = False,
     ) -> T:
         """Run ``fn`` in a write transaction of its own on the work connection, or, when not
-        ``durable``, the progress connection (see the class)."""
+        ``durable``, the progress connection (see the class); with ``own_transaction``, ``fn``
+        begins and ends the transaction itself (a script)."""
         self._check_open()
         name = "_work" if durable or self._sync == PRAGMA_SYNC_NORMAL else "_progress"
-        return await self._detached(self._write_job(fn, name))
+        return await self._detached(self._write_job(fn, name, own_transaction))
 
-    async def _write_job(self, fn: Callable[[aiosqlite.Connection], Awaitable[T]], name: str) -> T:
+    async def _write_job(
+        self, fn: Callable[[aiosqlite.Connection], Awaitable[T]], name: str, own: bool
+    ) -> T:
         async with self._turns:
             try:
                 conn = getattr(self, name)
@@ -340,7 +353,7 @@ class SqliteStore(SqlLanes, SqlBrowse, SqlPull, SqlSteps, SqliteCheckpoints, Sql
                     sync = PRAGMA_SYNC_NORMAL if name == "_progress" else None
                     conn = await self._connect(sync=sync)
                     setattr(self, name, conn)
-                return await self._transaction(conn, fn)
+                return await fn(conn) if own else await self._transaction(conn, fn)
             except _ITEM_ERRORS as exc:
                 raise _unavailable(exc, self.path) from exc
             except _DB_ERRORS as exc:

@@ -1,0 +1,164 @@
+"""Retention: processed events older than ``[store].retention_hours`` are deleted in paced
+steps, and the space they held is given back (SQLite's incremental vacuum).
+
+Each step is one short transaction (:meth:`~receiver.store.base.Store.prune_step`) sized to take
+about :data:`STEP_SECONDS`; after each, the loop waits long enough that steps take at most
+:data:`SHARE` of the time. A backlog of millions of expired events (a first start after a long
+outage, a shorter retention) is then worked off over minutes or hours while intake waits for at
+most one short step at a time, instead of one long prune holding the writer. Once nothing is
+left to prune, free pages beyond :data:`KEEP_FREE_BYTES` (which new rows would reuse anyway) are
+given back in steps paced the same way.
+
+A cycle starts at start-up and every :data:`CYCLE_SECONDS`. ``receiver_inbox_pruned_events_total``
+counts the events deleted, ``receiver_inbox_vacuumed_bytes_total`` the bytes given back.
+
+For benchmarks and tests only, ``RECEIVER_BENCH_RETENTION_SECONDS=<s>`` replaces the configured
+retention by ``s`` seconds (below the production minimum) and runs a cycle every tenth of it,
+so that an hour of traffic shows weeks of arrivals and expiries. Never set it in production:
+an event id forgotten before the upstream stops retrying it would be accepted twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from receiver.errors import StoreError
+from receiver.logs import get_logger
+from receiver.observe.metrics import Metrics
+from receiver.store.base import Store
+
+log = get_logger("receiver.retention")
+
+BENCH_ENV = "RECEIVER_BENCH_RETENTION_SECONDS"
+CYCLE_SECONDS = 3600.0
+#: The share of the time pruning and vacuuming may take (the writer is free the rest of it).
+SHARE = 0.2
+#: What one step aims to take; its size in events (or pages) follows what the last one took.
+STEP_SECONDS = 0.02
+FIRST_STEP_EVENTS = 100
+MAX_STEP_EVENTS = 5000
+FIRST_STEP_PAGES = 64
+MAX_STEP_PAGES = 4096
+#: Free pages kept inside the file: new rows reuse them, giving them back would only grow it again.
+KEEP_FREE_BYTES = 8 * 1024 * 1024
+#: After a store error, the cycle is tried again this much later (a full disk, an outage).
+RETRY_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How long events are kept, and how often a cycle runs."""
+
+    retention_seconds: float
+    cycle_seconds: float
+
+    @classmethod
+    def of(cls, retention_hours: float) -> Timing:
+        bench = os.environ.get(BENCH_ENV, "").strip()
+        if bench:
+            seconds = float(bench)
+            log.warning(
+                "retention shortened for a benchmark or a test; never in production",
+                variable=BENCH_ENV,
+                retention_seconds=seconds,
+            )
+            return cls(seconds, max(seconds / 10, 1.0))
+        return cls(retention_hours * 3600, CYCLE_SECONDS)
+
+
+def next_size(size: int, took: float, *, least: int, most: int) -> int:
+    """The next step's size: this one's scaled towards :data:`STEP_SECONDS`, within bounds (at
+    most doubling at a time, so one quick step on a quiet moment does not make the next long)."""
+    if took <= 0:
+        return min(size * 2, most)
+    scaled = int(size * STEP_SECONDS / took)
+    return max(least, min(scaled, size * 2, most))
+
+
+class Retention:
+    """The retention loop of a process that runs workers (see the module docstring)."""
+
+    def __init__(
+        self,
+        store: Store,
+        metrics: Metrics,
+        timing: Timing,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._metrics = metrics
+        self.timing = timing
+        self._clock = clock
+        self._events = FIRST_STEP_EVENTS
+        self._pages = FIRST_STEP_PAGES
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.cycle()
+                wait = self.timing.cycle_seconds
+            except StoreError as exc:
+                log.warning("retention cycle failed; trying again", error=exc.message)
+                wait = min(RETRY_SECONDS, self.timing.cycle_seconds)
+            await asyncio.sleep(wait)
+
+    async def cycle(self) -> tuple[int, int]:
+        """One cycle: prune what expired, then give back free space; (events, bytes)."""
+        pruned = await self.prune()
+        given_back = await self.reclaim()
+        return pruned, given_back
+
+    async def prune(self) -> int:
+        older_than = self._clock() - self.timing.retention_seconds
+        started = time.monotonic()
+        total = 0
+        while True:
+            size = self._events
+            step_started = time.monotonic()
+            deleted = await self._store.prune_step(older_than=older_than, limit=size)
+            took = time.monotonic() - step_started
+            total += deleted
+            self._metrics.inbox_pruned.inc(deleted)
+            if deleted < size:
+                break
+            self._events = next_size(size, took, least=10, most=MAX_STEP_EVENTS)
+            await self._pause(took)
+        if total:
+            seconds = time.monotonic() - started
+            log.info(
+                "pruned processed events",
+                count=total,
+                seconds=round(seconds, 1),
+                per_second=round(total / seconds) if seconds > 0 else None,
+            )
+        return total
+
+    async def reclaim(self) -> int:
+        space = await self._store.space()
+        if space is None or not space.reclaimable or space.free_bytes is None:
+            return 0
+        free = space.free_bytes
+        total = 0
+        while free - total > KEEP_FREE_BYTES:
+            size = self._pages
+            step_started = time.monotonic()
+            given = await self._store.reclaim_space(max_pages=size)
+            took = time.monotonic() - step_started
+            if given <= 0:
+                break
+            total += given
+            self._metrics.inbox_vacuumed_bytes.inc(given)
+            self._pages = next_size(size, took, least=16, most=MAX_STEP_PAGES)
+            await self._pause(took)
+        if total:
+            log.info("gave free inbox space back to the file system", bytes=total)
+        return total
+
+    async def _pause(self, took: float) -> None:
+        """Wait so that steps take at most :data:`SHARE` of the time."""
+        await asyncio.sleep(max(took * (1 / SHARE - 1), 0.001))

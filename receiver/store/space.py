@@ -1,0 +1,19 @@
+"""What an inbox takes on disk, as the retention loop and the metrics see it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class InboxSpace:
+    """``file_bytes``: the inbox's size on disk (SQLite: the database file and its WAL; Postgres:
+    its tables with their indexes). ``free_bytes``: pages inside it that hold nothing (SQLite's
+    free list), which new rows reuse and an incremental vacuum gives back; None where the
+    backend does not say. ``reclaimable``: whether :meth:`~receiver.store.base.Store.reclaim_space`
+    can give free pages back (a SQLite file made before incremental vacuum cannot, until
+    ``receiver migrate`` converts it)."""
+
+    file_bytes: int
+    free_bytes: int | None = None
+    reclaimable: bool = False

@@ -1,0 +1,184 @@
+"""Retention (receiver.ops.retention): expired events go in short, paced steps, and a SQLite
+inbox gives the space they held back to the file system."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from receiver.config.settings import StoreSettings
+from receiver.observe.metrics import Metrics
+from receiver.ops import retention
+from receiver.ops.retention import Retention, Timing, next_size
+from receiver.store.memory import MemoryStore
+from receiver.store.sqlite import SqliteStore
+from receiver.store.sqlite.space import AUTO_VACUUM_INCREMENTAL, convert_to_incremental
+from tests.support.store_cases import T0, new_event
+
+RETENTION = 100.0
+NOW = T0 + 10_000
+
+
+class StepsSeen(MemoryStore):
+    """A memory inbox whose prune steps each take ``step_seconds`` and are recorded."""
+
+    def __init__(self, step_seconds: float) -> None:
+        super().__init__(StoreSettings(url="memory://"))
+        self.step_seconds = step_seconds
+        self.limits: list[int] = []
+
+    async def prune_step(self, *, older_than: float, limit: int) -> int:
+        self.limits.append(limit)
+        await asyncio.sleep(self.step_seconds)
+        return await super().prune_step(older_than=older_than, limit=limit)
+
+
+def loop(store: object, metrics: Metrics | None = None) -> Retention:
+    return Retention(
+        store,  # type: ignore[arg-type]
+        metrics or Metrics(),
+        Timing(retention_seconds=RETENTION, cycle_seconds=3600),
+        clock=lambda: NOW,
+    )
+
+
+async def test_a_backlog_goes_in_bounded_steps_that_leave_the_writer_free_most_of_the_time() -> (
+    None
+):
+    store = StepsSeen(step_seconds=0.01)
+    await store.open()
+    expired = 3000
+    for i in range(expired):
+        await store.add_event(new_event(f"old-{i}", received_at=T0 + i * 1e-3, sinks=()))
+    await store.add_event(new_event("fresh", received_at=NOW - 1, sinks=()))
+    await store.add_event(new_event("pending", received_at=T0))
+    metrics = Metrics()
+
+    started = time.monotonic()
+    assert await loop(store, metrics).prune() == expired
+    took = time.monotonic() - started
+
+    assert store.limits[0] == retention.FIRST_STEP_EVENTS
+    assert max(store.limits) <= retention.MAX_STEP_EVENTS
+    assert len(store.limits) > 3, store.limits  # steps, not one statement
+    # Between steps the loop waited (1 / SHARE - 1) times the step: steps took at most SHARE.
+    busy = len(store.limits) * store.step_seconds
+    assert took >= busy / retention.SHARE * 0.9, (took, busy)
+    assert (await store.counts())[0] == {"pending": 1, "done": 1, "dead": 0}
+    assert metrics.inbox_pruned._value.get() == expired
+
+
+def test_step_sizes_follow_the_time_a_step_took_within_bounds() -> None:
+    target = retention.STEP_SECONDS
+    assert next_size(100, target, least=10, most=5000) == 100
+    assert next_size(100, target / 10, least=10, most=5000) == 200  # at most doubling
+    assert next_size(100, target * 4, least=10, most=5000) == 25
+    assert next_size(100, 100.0, least=10, most=5000) == 10
+    assert next_size(4000, 0.0, least=10, most=5000) == 5000
+
+
+def test_the_benchmark_setting_replaces_the_retention_and_shortens_the_cycle(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert Timing.of(168) == Timing(168 * 3600, retention.CYCLE_SECONDS)
+    monkeypatch.setenv(retention.BENCH_ENV, "120")
+    assert Timing.of(168) == Timing(120.0, 12.0)
+
+
+@pytest.fixture
+async def sqlite_inbox(tmp_path: Path) -> AsyncIterator[SqliteStore]:
+    store = SqliteStore(StoreSettings(url=f"sqlite:///{tmp_path / 'inbox.db'}"))
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+async def fill(store: SqliteStore, count: int, *, received_at: float) -> None:
+    body = b"x" * 2000
+    await asyncio.gather(
+        *(
+            store.add_event(
+                new_event(f"e-{received_at}-{i}", received_at=received_at, sinks=(), body=body)
+            )
+            for i in range(count)
+        )
+    )
+
+
+def checkpointed_size(path: Path) -> int:
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        conn.close()
+    return path.stat().st_size
+
+
+async def test_a_new_sqlite_inbox_gives_the_space_of_pruned_events_back(
+    sqlite_inbox: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(retention, "KEEP_FREE_BYTES", 0)
+    await fill(sqlite_inbox, 3000, received_at=T0)
+    await fill(sqlite_inbox, 50, received_at=NOW)
+    full = checkpointed_size(sqlite_inbox.path)
+    metrics = Metrics()
+
+    pruned, given_back = await loop(sqlite_inbox, metrics).cycle()
+
+    assert pruned == 3000
+    space = await sqlite_inbox.space()
+    assert space is not None and space.reclaimable
+    assert space.free_bytes is not None and space.free_bytes < 64 * 4096
+    assert given_back > full // 2
+    assert metrics.inbox_vacuumed_bytes._value.get() == given_back
+    assert checkpointed_size(sqlite_inbox.path) < full - given_back // 2
+    assert (await sqlite_inbox.counts())[0]["done"] == 50
+
+
+async def test_free_pages_up_to_the_slack_are_kept_for_new_rows(
+    sqlite_inbox: SqliteStore,
+) -> None:
+    await fill(sqlite_inbox, 1000, received_at=T0)  # about 3 MB: below KEEP_FREE_BYTES
+    pruned, given_back = await loop(sqlite_inbox).cycle()
+    assert (pruned, given_back) == (1000, 0)
+    space = await sqlite_inbox.space()
+    assert space is not None and space.free_bytes is not None and space.free_bytes > 1_000_000
+
+
+async def test_an_older_inbox_is_not_reclaimable_until_converted_and_keeps_every_row(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "inbox.db"
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA journal_mode = WAL")  # as the releases before incremental vacuum made it
+    conn.close()
+    store = SqliteStore(StoreSettings(url=f"sqlite:///{path}"))
+    await store.open()
+    try:
+        await fill(store, 500, received_at=T0)
+        await fill(store, 20, received_at=NOW)
+        space = await store.space()
+        assert space is not None and not space.reclaimable
+        assert await loop(store).cycle() == (500, 0)
+    finally:
+        await store.close()
+
+    converted = convert_to_incremental(path)
+    assert converted is not None
+    before, after, _seconds = converted
+    assert after < before
+    assert convert_to_incremental(path) is None  # once is enough
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA auto_vacuum").fetchone()[0] == AUTO_VACUUM_INCREMENTAL
+        assert conn.execute("SELECT count(*) FROM events").fetchone()[0] == 20
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    finally:
+        conn.close()
