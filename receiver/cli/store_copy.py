@@ -13,6 +13,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
+from receiver.cli import store_vacuum
 from receiver.cli.common import EXIT_FAILED, EXIT_USAGE, quiet_logs, run_async
 
 if TYPE_CHECKING:
@@ -48,10 +49,12 @@ EPILOG = (
 def add_parser(commands: Any) -> None:
     p = commands.add_parser(
         "store",
-        help="copy a whole inbox to another store (SQLite, Postgres)",
-        description="Work on a whole inbox. `receiver store copy --help` explains the copy.",
+        help="copy a whole inbox to another store (SQLite, Postgres), or vacuum a SQLite one",
+        description="Work on a whole inbox. `receiver store copy --help` explains the copy, "
+        "`receiver store vacuum --help` the vacuum.",
     )
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    store_vacuum.add_parser(actions)
     copy = actions.add_parser(
         "copy",
         help="copy an inbox between stores (SQLite to Postgres and back)",
@@ -99,6 +102,8 @@ def _batch_size(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.action == "vacuum":
+        return store_vacuum.run(args)
     from receiver.errors import ReceiverError, StoreNewer
     from receiver.store.copy.locations import BadLocation, parse_location
     from receiver.store.copy.run import CopyOptions, copy_inbox

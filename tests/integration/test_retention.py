@@ -17,7 +17,7 @@ from receiver.ops import retention
 from receiver.ops.retention import Retention, Timing, next_size
 from receiver.store.memory import MemoryStore
 from receiver.store.sqlite import SqliteStore
-from receiver.store.sqlite.space import AUTO_VACUUM_INCREMENTAL, convert_to_incremental
+from receiver.store.sqlite.space import AUTO_VACUUM_INCREMENTAL, vacuum
 from tests.support.store_cases import T0, new_event
 
 RETENTION = 100.0
@@ -170,11 +170,9 @@ async def test_an_older_inbox_is_not_reclaimable_until_converted_and_keeps_every
     finally:
         await store.close()
 
-    converted = convert_to_incremental(path)
-    assert converted is not None
-    before, after, _seconds = converted
-    assert after < before
-    assert convert_to_incremental(path) is None  # once is enough
+    done = vacuum(path, lambda _line: None)
+    assert done.converted and done.after < done.before
+    assert not vacuum(path, lambda _line: None).converted  # once is enough
     conn = sqlite3.connect(path)
     try:
         assert conn.execute("PRAGMA auto_vacuum").fetchone()[0] == AUTO_VACUUM_INCREMENTAL
@@ -182,3 +180,10 @@ async def test_an_older_inbox_is_not_reclaimable_until_converted_and_keeps_every
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     finally:
         conn.close()
+    store = SqliteStore(StoreSettings(url=f"sqlite:///{path}"))
+    await store.open()
+    try:
+        space = await store.space()
+        assert space is not None and space.reclaimable
+    finally:
+        await store.close()

@@ -164,12 +164,14 @@ def check_source(src: Path) -> Source:
 
 
 @contextlib.contextmanager
-def claimed(inbox: Path, say: Say) -> Iterator[None]:
+def claimed(inbox: Path, say: Say, until: str = "restored") -> Iterator[sqlite3.Connection | None]:
     """Hold the inbox at ``inbox`` for this process alone, or refuse (see the module): leaving
-    WAL mode needs sole access, and the exclusive lock taken next keeps it until the end."""
+    WAL mode needs sole access, and the exclusive lock taken next keeps it until the end.
+    Gives the connection holding it (in rollback-journal mode), or None when there is no inbox
+    or SQLite cannot read it."""
     if not inbox.exists():
         say(f"no inbox at {inbox} yet: nothing to move aside")
-        yield
+        yield None
         return
     try:
         conn = sqlite3.connect(inbox, timeout=CLAIM_SECONDS, isolation_level=None)
@@ -199,8 +201,8 @@ def claimed(inbox: Path, say: Say) -> Iterator[None]:
         elif mode != "delete":  # a receiver started between the switch and the lock
             raise _in_use(inbox, f"it is in {mode} mode again")
         else:
-            say(f"claimed {inbox}: no other process has it open; it stays locked until restored")
-        yield
+            say(f"claimed {inbox}: no other process has it open; it stays locked until " + until)
+        yield None if damaged is not None else conn
     finally:
         conn.close()
 

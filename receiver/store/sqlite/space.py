@@ -2,8 +2,8 @@
 
 Deleted rows leave free pages inside the file; new rows reuse them, so at a steady state of
 arrivals and expiries the file stops growing, but it never shrinks by itself. An inbox made with
-``auto_vacuum = INCREMENTAL`` (every inbox this release creates; ``receiver migrate`` converts an
-older one, see :func:`convert_to_incremental`) keeps the bookkeeping that lets
+``auto_vacuum = INCREMENTAL`` (every inbox this release creates; ``receiver store vacuum`` converts
+an older one, see :func:`vacuum`) keeps the bookkeeping that lets
 ``PRAGMA incremental_vacuum`` move the last pages into free ones and cut the file's tail, a
 bounded number of pages a transaction: the retention loop (:mod:`receiver.ops.retention`) gives
 back what a prune freed, a step at a time, between intake's groups.
@@ -16,12 +16,15 @@ import os
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 import aiosqlite
 
+from receiver.errors import StoreUnavailable
 from receiver.store.space import InboxSpace
+from receiver.store.sqlite.restore import claimed
 
 T = TypeVar("T")
 
@@ -33,6 +36,7 @@ SELECT (SELECT page_size FROM pragma_page_size),
        (SELECT auto_vacuum FROM pragma_auto_vacuum)
 """
 FREELIST = "PRAGMA freelist_count"
+PRAGMA_AUTO_VACUUM = "PRAGMA auto_vacuum"
 
 
 def file_bytes(path: Path) -> int:
@@ -93,21 +97,47 @@ class SqliteSpace:
         return await self._write_tx(run, durable=False, own_transaction=True)
 
 
-def convert_to_incremental(path: Path) -> tuple[int, int, float] | None:
-    """Rewrite an inbox made before incremental vacuum so that it can give space back
-    (``auto_vacuum = INCREMENTAL`` takes effect only through a VACUUM, which rewrites the whole
-    file: it needs free disk space of the file's size and a moment with no other writer).
-    Returns (bytes before, bytes after, seconds), or None when it was converted already."""
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        ((mode,),) = conn.execute("PRAGMA auto_vacuum").fetchall()
-        if int(mode) == AUTO_VACUUM_INCREMENTAL:
-            return None
+@dataclass(frozen=True)
+class Vacuumed:
+    """What :func:`vacuum` did: the file's bytes before and after, the seconds it took, and
+    whether it converted an inbox made before incremental vacuum."""
+
+    before: int
+    after: int
+    seconds: float
+    converted: bool
+
+
+def vacuum(path: Path, say: Callable[[str], None]) -> Vacuumed:
+    """Rewrite the inbox at ``path`` whole (``VACUUM``), giving back every free page, with
+    ``auto_vacuum = INCREMENTAL`` from then on (an inbox made before it could not give pages
+    back; the setting takes effect only through a VACUUM). Refused while another process has
+    the inbox open (:func:`~.restore.claimed`). VACUUM is one transaction: stopped or short of
+    space (it needs about the file's size free, in the temporary directory and beside the
+    inbox), it leaves the inbox as it was."""
+    with claimed(path, say, until="vacuumed") as conn:
+        if conn is None:
+            raise StoreUnavailable(f"no SQLite inbox SQLite can read at {path}")
+        ((mode,),) = conn.execute(PRAGMA_AUTO_VACUUM).fetchall()
         before = file_bytes(path)
         started = time.monotonic()
         conn.execute(PRAGMA_AUTO_VACUUM_INCREMENTAL)
-        conn.execute("VACUUM")
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        return before, file_bytes(path), time.monotonic() - started
-    finally:
-        conn.close()
+        try:
+            conn.execute("VACUUM")
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(
+                f"the inbox {path} was not vacuumed ({exc}); it is as it was"
+                + (
+                    ": VACUUM needs about the file's size free in the temporary directory "
+                    "and beside the inbox"
+                    if "full" in str(exc).lower()
+                    else ""
+                )
+            ) from exc
+        conn.execute("PRAGMA journal_mode = WAL").fetchall()
+        return Vacuumed(
+            before,
+            file_bytes(path),
+            time.monotonic() - started,
+            int(mode) != AUTO_VACUUM_INCREMENTAL,
+        )
