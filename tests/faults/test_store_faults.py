@@ -11,11 +11,13 @@ import asyncio
 import contextlib
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,8 +26,12 @@ import pytest
 
 from receiver.app import Runtime
 from receiver.config.load import parse_settings
+from receiver.errors import StoreError
+from receiver.ops import retention
+from receiver.ops.retention import Retention, Timing
 from receiver.store.sqlite import SqliteStore
 from tests.support.faults import SECRET, signed_post
+from tests.support.store_cases import T0, new_event
 
 SENDERS = 3
 BUSY_TIMEOUT = 0.3  # how long a write waits for another process's lock (5 s by default)
@@ -253,9 +259,9 @@ def small_tmpfs(path: Path, size: str = "16m") -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
 
 
-def fill(directory: Path) -> Path:
+def fill(directory: Path, name: str = "filler") -> Path:
     """Write a file until the filesystem has no space left."""
-    filler = directory / "filler"
+    filler = directory / name
     fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     try:
         for size in (1 << 16, 1 << 9):  # then the last few bytes
@@ -287,3 +293,68 @@ async def test_disk_full(aiohttp_client: Any, tmp_path: Path) -> None:
             assert any(a.status == 503 for a in during), [a.status for a in during]
             assert during[-SENDERS:] and {a.status for a in during[-SENDERS:]} == {503}
             await check_nothing_lost(runtime, traffic)
+
+
+async def test_disk_full_during_a_vacuum(
+    aiohttp_client: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk fills as the retention loop gives free pages back (and stays full: whatever
+    filled it takes what the vacuum gave back too): the vacuum step fails, changing nothing, or
+    completes; the inbox stays readable, intake answers 503 until space returns, then 2xx; the
+    next cycle gives the space back."""
+    monkeypatch.setattr(retention, "KEEP_FREE_BYTES", 0)
+    with small_tmpfs(tmp_path / "small", size="48m") as fs:
+        db = fs / "inbox.db"
+        async with intake(aiohttp_client, db) as (runtime, traffic):
+            store = runtime.store
+            assert isinstance(store, SqliteStore)
+            body = b"x" * 2000
+            old = [new_event(f"old-{i}", received_at=T0, sinks=(), body=body) for i in range(4000)]
+            await asyncio.gather(*(store.add_event(event) for event in old))
+            assert await store.prune(older_than=T0 + 1) == len(old)
+            space = await store.space()
+            assert space is not None and space.free_bytes is not None
+            assert space.free_bytes > 8_000_000
+            loop = Retention(store, runtime.metrics, Timing(100.0, 3600.0), clock=time.time)
+            fillers: list[Path] = []
+            reclaim = store.reclaim_space
+            vacuum: list[BaseException | int] = []
+
+            def truncate_wal_then_fill() -> None:
+                # The WAL emptied first: the vacuum's pages need new space to be written.
+                with closing(sqlite3.connect(db, timeout=5)) as conn:
+                    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+                fillers.append(fill(fs))
+
+            async def filling_first(*, max_pages: int) -> int:
+                if not fillers:  # the disk fills as the vacuum begins
+                    await asyncio.to_thread(truncate_wal_then_fill)
+                return await reclaim(max_pages=max_pages)
+
+            monkeypatch.setattr(store, "reclaim_space", filling_first)
+
+            async def fill_up() -> None:
+                try:
+                    vacuum.append(await loop.reclaim())
+                except StoreError as exc:
+                    vacuum.append(exc)
+                fillers.append(await asyncio.to_thread(fill, fs, "more"))  # and it stays full
+                # Readable all the while.
+                assert (await store.counts())[0]["pending"] >= 0
+
+            async def free() -> None:
+                for filler in fillers:
+                    filler.unlink()
+
+            begun, ended = await run_fault(traffic, fill_up, free)
+            print(f"the vacuum on a full disk: {vacuum}")
+            during = traffic.during(begun, ended)
+            assert during[-SENDERS:] and {a.status for a in during[-SENDERS:]} == {503}
+            await check_nothing_lost(runtime, traffic)
+            monkeypatch.setattr(store, "reclaim_space", reclaim)
+            await loop.reclaim()
+            space = await store.space()
+            assert space is not None and space.free_bytes is not None
+            assert space.free_bytes < 1_000_000, space
+            with closing(sqlite3.connect(db)) as conn:
+                assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
