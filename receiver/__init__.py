@@ -4,4 +4,4 @@
 written: the package's metadata reads it from here when the package is built.
 """
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"

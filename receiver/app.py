@@ -28,7 +28,7 @@ from receiver.logs import get_logger
 from receiver.observe.metrics import Metrics
 from receiver.ops.handlers import Ops
 from receiver.ops.incident import IncidentAdmin
-from receiver.ops.retention import Retention, Timing
+from receiver.ops.retention import Retention
 from receiver.pull.admin import WatchAdmin
 from receiver.pull.poller import Poller
 from receiver.pull.reconcile import Reconciler, reconcile_periodically
@@ -40,6 +40,7 @@ from receiver.store.base import Store
 from receiver.store.lanes_model import LaneStats
 from receiver.store.pull import WATCH_STATES
 from receiver.store.records import EVENT_STATES
+from receiver.store.retention_timing import Timing
 from receiver.supervisor import Supervisor
 from receiver.upstream.client import UpstreamClient
 from receiver.upstream.drift import DriftReport
@@ -133,7 +134,7 @@ class Runtime:
                 await self._start_workers(self.session, upstream)
             self.supervisor.start("gauges", self._refresh_gauges)
             if self.runs_workers:
-                timing = Timing.of(self.settings.store.retention_hours)
+                timing = Timing.of(self.settings.store)
                 retention = Retention(self.store, self.metrics, timing, clock=self.clock)
                 self.supervisor.start("prune", retention.run)
             # --- upstream subscription watchdog ---

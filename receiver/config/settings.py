@@ -155,6 +155,14 @@ class StoreSettings:
             "hours; a pruned id would be accepted twice)",
         ),
     )
+    ledger_retention_days: float = key(
+        30.0,
+        "the job-outcome and asset ledgers (each outcome and asset delivered once) remember "
+        "this long, and never less than retention_hours; reconcile skips assets created before",
+        check=rule(
+            lambda v: v >= MIN_RETENTION_HOURS / 24, f"must be >= {MIN_RETENTION_HOURS // 24}"
+        ),
+    )
     synchronous: str = key("full", "SQLite: full or normal", check=one_of("full", "normal"))
     auto_migrate: bool = key(True, "create/upgrade the inbox schema at start")
     pool_size: int = key(10, "Postgres: connections per process", check=at_least(1))

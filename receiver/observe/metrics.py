@@ -115,6 +115,11 @@ class Metrics:
             "Processed events deleted after their retention.",
             registry=r,
         )
+        self.ledger_pruned = Counter(
+            "receiver_ledger_pruned_rows",
+            "Job-outcome and asset ledger rows forgotten after store.ledger_retention_days.",
+            registry=r,
+        )
         self.inbox_vacuumed_bytes = Counter(
             "receiver_inbox_vacuumed_bytes",
             "Free space in the SQLite inbox given back to the file system (incremental vacuum).",

@@ -1,5 +1,6 @@
 """Retention: processed events older than ``[store].retention_hours`` are deleted in paced
-steps, and the space they held is given back (SQLite's incremental vacuum).
+steps, the ledgers' rows older than ``[store].ledger_retention_days`` too (once their event is
+gone), and the space they held is given back (SQLite's incremental vacuum).
 
 Each step is one short transaction (:meth:`~receiver.store.base.Store.prune_step`) sized to take
 about :data:`STEP_SECONDS`; after each, the loop waits long enough that steps take at most
@@ -9,32 +10,26 @@ most one short step at a time, instead of one long prune holding the writer. Onc
 left to prune, free pages beyond :data:`KEEP_FREE_BYTES` (which new rows would reuse anyway) are
 given back in steps paced the same way.
 
-A cycle starts at start-up and every :data:`CYCLE_SECONDS`. ``receiver_inbox_pruned_events_total``
-counts the events deleted, ``receiver_inbox_vacuumed_bytes_total`` the bytes given back.
-
-For benchmarks and tests only, ``RECEIVER_BENCH_RETENTION_SECONDS=<s>`` replaces the configured
-retention by ``s`` seconds (below the production minimum) and runs a cycle every tenth of it,
-so that an hour of traffic shows weeks of arrivals and expiries. Never set it in production:
-an event id forgotten before the upstream stops retrying it would be accepted twice.
+A cycle starts at start-up and every hour (:mod:`receiver.store.retention_timing`, which also
+holds the benchmarks' shortened retention). ``receiver_inbox_pruned_events_total`` counts the
+events deleted, ``receiver_ledger_pruned_rows_total`` the ledger rows,
+``receiver_inbox_vacuumed_bytes_total`` the bytes given back.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from receiver.errors import StoreError
 from receiver.logs import get_logger
 from receiver.observe.metrics import Metrics
 from receiver.store.base import Store
+from receiver.store.retention_timing import Timing
 
 log = get_logger("receiver.retention")
 
-BENCH_ENV = "RECEIVER_BENCH_RETENTION_SECONDS"
-CYCLE_SECONDS = 3600.0
 #: The share of the time pruning and vacuuming may take (the writer is free the rest of it).
 SHARE = 0.2
 #: What one step aims to take; its size in events (or pages) follows what the last one took.
@@ -47,27 +42,6 @@ MAX_STEP_PAGES = 4096
 KEEP_FREE_BYTES = 8 * 1024 * 1024
 #: After a store error, the cycle is tried again this much later (a full disk, an outage).
 RETRY_SECONDS = 30.0
-
-
-@dataclass(frozen=True)
-class Timing:
-    """How long events are kept, and how often a cycle runs."""
-
-    retention_seconds: float
-    cycle_seconds: float
-
-    @classmethod
-    def of(cls, retention_hours: float) -> Timing:
-        bench = os.environ.get(BENCH_ENV, "").strip()
-        if bench:
-            seconds = float(bench)
-            log.warning(
-                "retention shortened for a benchmark or a test; never in production",
-                variable=BENCH_ENV,
-                retention_seconds=seconds,
-            )
-            return cls(seconds, max(seconds / 10, 1.0))
-        return cls(retention_hours * 3600, CYCLE_SECONDS)
 
 
 def next_size(size: int, took: float, *, least: int, most: int) -> int:
@@ -110,6 +84,7 @@ class Retention:
     async def cycle(self) -> tuple[int, int]:
         """One cycle: prune what expired, then give back free space; (events, bytes)."""
         pruned = await self.prune()
+        await self.forget()
         given_back = await self.reclaim()
         return pruned, given_back
 
@@ -136,6 +111,26 @@ class Retention:
                 seconds=round(seconds, 1),
                 per_second=round(total / seconds) if seconds > 0 else None,
             )
+        return total
+
+    async def forget(self) -> int:
+        """Ledger rows past their retention whose event is gone, in paced steps."""
+        if self.timing.ledger_seconds is None:
+            return 0
+        older_than = self._clock() - self.timing.ledger_seconds
+        total = 0
+        while True:
+            size = self._events
+            step_started = time.monotonic()
+            deleted = await self._store.prune_ledgers_step(older_than=older_than, limit=size)
+            took = time.monotonic() - step_started
+            total += deleted
+            if deleted < size:
+                break
+            await self._pause(took)
+        if total:
+            self._metrics.ledger_pruned.inc(total)
+            log.info("forgot ledger rows past their retention", count=total)
         return total
 
     async def reclaim(self) -> int:

@@ -5,8 +5,10 @@ page size the upstream answers with) and judges every asset on its own, from wha
 guarantees for an asset (its ``id``, ``type``, ``status``, ``item_id`` and ``created_at``; the
 free-form ``metadata`` may be null):
 
-- **skipped**, with the reason: archived, created before ``--since``, or unreadable (no id or
-  no type: it cannot be judged);
+- **skipped**, with the reason: archived, created before ``--since``, created before the
+  ledgers' retention (``[store].ledger_retention_days``: whether it was delivered is forgotten,
+  and delivering it again could send it twice), or unreadable (no id or no type: it cannot be
+  judged);
 - **not ready** while its ``status`` is not ``completed`` (a later run takes it);
 - **already delivered** when the asset ledger (:mod:`receiver.store.asset_ledger`) says an event
   took it: by its asset id (a webhook, a poll or an earlier run named it), or by the job's or
@@ -52,6 +54,7 @@ from receiver.store.asset_ledger import (
 )
 from receiver.store.base import Store
 from receiver.store.pull import outcome_key
+from receiver.store.retention_timing import Timing
 
 log = get_logger("receiver.pull.reconcile")
 
@@ -183,6 +186,10 @@ class Reconciler:
         """One pass over the collection; the summary. Raises ReceiverError when a page cannot
         be fetched (after retries) or the store cannot be used."""
         summary = ReconcileSummary(collection_id, dry_run=dry_run)
+        # The ledgers remember what was delivered for ledger_seconds: an asset created before
+        # then may have been delivered and forgotten since.
+        ledger = Timing.of(self._settings.store).ledger_seconds
+        horizon = None if ledger is None else self._clock() - ledger
         units: dict[tuple[Unit, str], _Unit] = {}
         offset = 0
         while True:
@@ -191,7 +198,7 @@ class Reconciler:
             total = pagination.get("total")
             summary.total = total if isinstance(total, int) else None
             for asset in page:
-                self._sort(asset, units, summary, since)
+                self._sort(asset, units, summary, since, horizon)
             if progress is not None:
                 progress(summary)
             limit = pagination.get("limit")
@@ -235,6 +242,7 @@ class Reconciler:
         units: dict[tuple[Unit, str], _Unit],
         summary: ReconcileSummary,
         since: float | None,
+        horizon: float | None = None,
     ) -> None:
         summary.seen += 1
         ident, kind = _text(asset.get("id")), _text(asset.get("type"))
@@ -247,6 +255,9 @@ class Reconciler:
             return
         if since is not None and (created is None or created < since):
             summary.skipped["before --since"] += 1
+            return
+        if horizon is not None and created is not None and created < horizon:
+            summary.skipped["before the ledger's retention"] += 1
             return
         item_id = _text(asset.get("item_id"))
         job_id = _job_reference(asset)

@@ -212,3 +212,8 @@ class PullStore(Protocol):
     async def ledger(self, keys: list[str]) -> dict[str, float | None]:
         """Which of these keys the asset ledger holds, each with its upstream time
         (:mod:`receiver.store.asset_ledger`)."""
+
+    async def prune_ledgers_step(self, *, older_than: float, limit: int) -> int:
+        """Forget at most ``limit`` rows of each ledger (job outcomes, assets) recorded before
+        ``older_than`` whose event is no longer in the inbox, in one short transaction;
+        returns how many. (The memory store keeps its ledgers for its life.)"""

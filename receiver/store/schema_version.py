@@ -9,4 +9,4 @@ the metrics can name the schema without loading a store.
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9

@@ -28,7 +28,8 @@ from receiver.app import Runtime
 from receiver.config.load import parse_settings
 from receiver.errors import StoreError
 from receiver.ops import retention
-from receiver.ops.retention import Retention, Timing
+from receiver.ops.retention import Retention
+from receiver.store.retention_timing import Timing
 from receiver.store.sqlite import SqliteStore
 from tests.support.faults import SECRET, signed_post
 from tests.support.store_cases import T0, new_event

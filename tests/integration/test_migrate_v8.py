@@ -19,6 +19,7 @@ from receiver.config.settings import StoreSettings
 from receiver.store import Store
 from receiver.store.batches import RedeliveryFilter
 from receiver.store.records import Outcome, Snapshot
+from receiver.store.schema_version import SCHEMA_VERSION
 from receiver.store.sqlite import SqliteStore
 from receiver.store.sqlite import schema as sqlite_schema
 from tests.support.old_inbox import create_postgres_schema
@@ -232,7 +233,7 @@ async def test_a_version_7_inbox_keeps_every_row_and_its_work_goes_on(
     backend: str, tmp_path: Path
 ) -> None:
     async with upgraded(backend, tmp_path) as (store, version, (before, after)):
-        assert version == V7 + 1
+        assert version == SCHEMA_VERSION
         assert {table: len(before[table]) for table in ROWS} == {
             "events": 2,
             "deliveries": 3,

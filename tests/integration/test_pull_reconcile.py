@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections import Counter
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from structlog.testing import capture_logs
@@ -311,3 +312,30 @@ async def test_a_listing_that_points_back_ends_the_run_with_an_error(serving):
     with pytest.raises(ReceiverError, match="points back"):
         await reconciler.run(COLLECTION)
     assert upstream.calls == 2
+
+
+async def test_assets_older_than_the_ledgers_remember_are_skipped_not_delivered_again(serving):
+    """The ledgers forget after store.ledger_retention_days: an asset created before then may
+    have been delivered and forgotten, so the run skips it with that reason."""
+    runtime, _public, _sim = serving
+    days = runtime.settings.store.ledger_retention_days
+
+    class Listing:
+        async def collection_assets_page(self, collection_id, *, offset=0, limit=100):
+            def asset(ident, age_days):
+                created = datetime.now(UTC) - timedelta(days=age_days)
+                return {
+                    "id": ident,
+                    "type": "image",
+                    "status": "completed",
+                    "item_id": f"item-{ident}",
+                    "created_at": created.isoformat(),
+                }
+
+            page = [asset("old", days + 1), asset("new", days - 1)]
+            return page, {"total": 2, "limit": 100, "offset": 0, "has_more": False}
+
+    reconciler = Reconciler(settings=runtime.settings, store=runtime.store, upstream=Listing())
+    summary = await reconciler.run(COLLECTION, dry_run=True)
+    assert summary.skipped == Counter({"before the ledger's retention": 1}), summary
+    assert summary.newly_delivered == 1

@@ -14,8 +14,9 @@ import pytest
 from receiver.config.settings import StoreSettings
 from receiver.observe.metrics import Metrics
 from receiver.ops import retention
-from receiver.ops.retention import Retention, Timing, next_size
+from receiver.ops.retention import Retention, next_size
 from receiver.store.memory import MemoryStore
+from receiver.store.retention_timing import BENCH_ENV, CYCLE_SECONDS, Timing
 from receiver.store.sqlite import SqliteStore
 from receiver.store.sqlite.space import AUTO_VACUUM_INCREMENTAL, vacuum
 from tests.support.store_cases import T0, new_event
@@ -85,9 +86,10 @@ def test_step_sizes_follow_the_time_a_step_took_within_bounds() -> None:
 def test_the_benchmark_setting_replaces_the_retention_and_shortens_the_cycle(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert Timing.of(168) == Timing(168 * 3600, retention.CYCLE_SECONDS)
-    monkeypatch.setenv(retention.BENCH_ENV, "120")
-    assert Timing.of(168) == Timing(120.0, 12.0)
+    store = StoreSettings(retention_hours=168, ledger_retention_days=28)
+    assert Timing.of(store) == Timing(168 * 3600, CYCLE_SECONDS, 28 * 86400)
+    monkeypatch.setenv(BENCH_ENV, "120")
+    assert Timing.of(store) == Timing(120.0, 12.0, 480.0)
 
 
 @pytest.fixture

@@ -19,8 +19,10 @@ from receiver.config.settings import StoreSettings
 from receiver.delivery.redelivery import redeliver_event
 from receiver.errors import PayloadError, StoreError, StoreUnavailable, UnknownEvent
 from receiver.store import Outcome, Store, rules
+from receiver.store.asset_ledger import LedgerEntry
 from receiver.store.lanes_model import DeliveryKey, LanePolicy, LaneResult, LaneStats, Leases
 from receiver.store.memory import MemoryStore
+from receiver.store.pull import outcome_key
 from receiver.store.records import DeliveryState, Snapshot
 from receiver.store.sqlite import SqliteStore
 from receiver.store.steps import MAX_STEPS_PER_DELIVERY, Step
@@ -759,6 +761,30 @@ async def test_a_prune_step_deletes_at_most_its_limit_oldest_rules_alike(store: 
     assert await store.prune_step(older_than=T0 + 500, limit=3) == 1
     assert await store.prune_step(older_than=T0 + 500, limit=3) == 0
     assert (await store.counts())[0] == {"pending": 1, "done": 1, "dead": 0}
+
+
+@on_shared_inboxes
+async def test_ledger_rows_are_forgotten_once_old_and_their_event_is_gone(store: Store) -> None:
+    """Both ledgers lose the rows recorded before the cut whose event was pruned; the rows of
+    an event still in the inbox (pending here) and the recent ones stay."""
+    for event_id, at in (("gone", T0), ("kept", T0), ("recent", T0 + 1000)):
+        sinks = ("alpha",) if event_id == "kept" else ()
+        await store.add_event(new_event(event_id, received_at=at, sinks=sinks))
+        entries = [LedgerEntry(f"asset a-{event_id}"), LedgerEntry(f"job job-{event_id}")]
+        await store.save_snapshot(event_id, snapshot(at), ledger=entries, now=at)
+    assert await store.prune(older_than=T0 + 500) == 1  # "gone"
+    outcomes = [outcome_key("job.completed", f"job-{e}") for e in ("gone", "kept", "recent")]
+    outcome_keys = [key for key in outcomes if key is not None]
+    keys = [f"asset a-{e}" for e in ("gone", "kept", "recent")]
+    assert len(await store.known_outcomes(outcome_keys)) == 3
+
+    forgotten = 0
+    while step := await store.prune_ledgers_step(older_than=T0 + 500, limit=1):
+        forgotten += step
+    assert forgotten == 3  # the outcome and the two asset-ledger rows of "gone"
+    assert set(await store.ledger(keys)) == {"asset a-kept", "asset a-recent"}
+    assert await store.known_outcomes(outcome_keys) == set(outcome_keys[1:])
+    assert await store.prune_ledgers_step(older_than=T0 + 500, limit=10) == 0
 
 
 async def test_space_is_measured_where_the_backend_can(store: Store, backend: str) -> None:

@@ -43,6 +43,10 @@ class MemoryPull(MemoryTables):
             times = [t for t in (self._ledger.get(entry.key), entry.upstream_time) if t is not None]
             self._ledger[entry.key] = max(times) if times else None
 
+    async def prune_ledgers_step(self, *, older_than: float, limit: int) -> int:
+        self._check()
+        return 0
+
     async def ledger(self, keys: list[str]) -> dict[str, float | None]:
         self._check()
         return {key: self._ledger[key] for key in keys if key in self._ledger}

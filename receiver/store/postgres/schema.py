@@ -11,6 +11,7 @@ from receiver.store.sql.schema import (
     CREATE_INDEX_DEAD,
     CREATE_INDEX_STATE_RECEIVED,
     CREATE_INDEX_STEPS,
+    LEDGER_AGE_INDEXES,
 )
 from receiver.store.sql.versions import DESCRIPTIONS
 
@@ -141,6 +142,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(6, DESCRIPTIONS[6], STEPS_SCHEMA),
     Migration(7, DESCRIPTIONS[7], BATCH_SCHEMA),
     Migration(8, DESCRIPTIONS[8], WITHDRAW_SCHEMA),
+    Migration(9, DESCRIPTIONS[9], LEDGER_AGE_INDEXES),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

@@ -66,6 +66,27 @@ LIST_WATCHES_BY_STATE = (
 )
 
 
+# The ledgers' rows older than their retention, oldest first (their created_at index, schema
+# version 9), except those of an event still in the inbox (a dead one is kept until redelivered
+# or pruned: its outcome and assets stay taken).
+PRUNE_OUTCOMES = """
+DELETE FROM job_outcomes WHERE key IN (
+    SELECT key FROM job_outcomes
+    WHERE created_at < :older_than
+      AND NOT EXISTS (SELECT 1 FROM events WHERE events.id = job_outcomes.event_id)
+    ORDER BY created_at LIMIT :limit
+)
+"""
+PRUNE_ASSET_LEDGER = """
+DELETE FROM asset_ledger WHERE key IN (
+    SELECT key FROM asset_ledger
+    WHERE created_at < :older_than
+      AND NOT EXISTS (SELECT 1 FROM events WHERE events.id = asset_ledger.event_id)
+    ORDER BY created_at LIMIT :limit
+)
+"""
+
+
 class PullSql:
     """The pull-mode statements a dialect runs: a backend's subclass (``<backend>/pull.py``)
     sets those without a value here; those with one are the SQL both dialects run as it is.
@@ -86,6 +107,8 @@ class PullSql:
     LIST_WATCHES: ClassVar[str] = LIST_WATCHES
     LIST_WATCHES_BY_STATE: ClassVar[str] = LIST_WATCHES_BY_STATE
     WATCH_COUNTS: ClassVar[str] = WATCH_COUNTS
+    PRUNE_OUTCOMES: ClassVar[str] = PRUNE_OUTCOMES
+    PRUNE_ASSET_LEDGER: ClassVar[str] = PRUNE_ASSET_LEDGER
 
 
 class SqlPull(SqlMixin):
@@ -182,6 +205,17 @@ class SqlPull(SqlMixin):
             return {row[0] for row in await c.rows(sql.KNOWN_OUTCOMES, {"keys": list(keys)})}
 
         return await self._run_read(run)
+
+    async def prune_ledgers_step(self, *, older_than: float, limit: int) -> int:
+        sql = self._pull_sql
+        params = {"older_than": older_than, "limit": max(limit, 1)}
+
+        async def run(c: Conn) -> int:
+            return await c.run(sql.PRUNE_OUTCOMES, params) + await c.run(
+                sql.PRUNE_ASSET_LEDGER, params
+            )
+
+        return await self._run_write(run, transaction=False, durable=False)
 
     async def ledger(self, keys: list[str]) -> dict[str, float | None]:
         if not keys:

@@ -25,3 +25,10 @@ BROWSE_INDEXES: tuple[str, ...] = (
 CREATE_INDEX_STEPS = "CREATE INDEX event_steps_event ON event_steps (event_id, sink, seq)"
 
 CREATE_INDEX_WATCHES_SINCE = "CREATE INDEX watches_since ON watches (since)"
+
+# Version 9, ledger retention (receiver.ops.retention): the ledgers' rows by age, so the oldest
+# are found without reading them all. Both arrive in time order: appended at the index's end.
+LEDGER_AGE_INDEXES: tuple[str, ...] = (
+    "CREATE INDEX job_outcomes_created ON job_outcomes (created_at)",
+    "CREATE INDEX asset_ledger_created ON asset_ledger (created_at)",
+)

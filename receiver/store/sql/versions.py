@@ -20,6 +20,7 @@ DESCRIPTIONS: dict[int, str] = {
     6: "event timeline and trace context",
     7: "redelivery batches and lane pauses",
     8: "what a batch's deliveries were before it (cancel withdraws)",
+    9: "the ledgers' rows by age (ledger retention)",
 }
 
 

@@ -9,6 +9,7 @@ from receiver.store.sql.schema import (
     CREATE_INDEX_DEAD,
     CREATE_INDEX_STATE_RECEIVED,
     CREATE_INDEX_STEPS,
+    LEDGER_AGE_INDEXES,
 )
 from receiver.store.sqlite.batches import BATCH_SCHEMA, WITHDRAW_SCHEMA
 from receiver.store.sqlite.pull import ASSET_LEDGER_SCHEMA, PULL_SCHEMA
@@ -126,6 +127,9 @@ SCHEMA_V7_BATCHES: tuple[str, ...] = (*BATCH_SCHEMA, "PRAGMA user_version = 7")
 # (receiver.store.sqlite.batches).
 SCHEMA_V8_WITHDRAW: tuple[str, ...] = (*WITHDRAW_SCHEMA, "PRAGMA user_version = 8")
 
+# Version 9: the ledgers' rows by age, for their retention (receiver.store.sql.schema).
+SCHEMA_V9_LEDGER_AGE: tuple[str, ...] = (*LEDGER_AGE_INDEXES, "PRAGMA user_version = 9")
+
 # Migration N (1-based) brings the schema from version N-1 to N; each sets its own user_version.
 # What each does, as `receiver migrate status` shows it, is in receiver.store.sql.versions.
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
@@ -137,6 +141,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     SCHEMA_V6_STEPS,
     SCHEMA_V7_BATCHES,
     SCHEMA_V8_WITHDRAW,
+    SCHEMA_V9_LEDGER_AGE,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -30,7 +30,8 @@ git -C "$root" archive "$commit" | tar -x -C "$work/src"
 # The release's own version, wherever the sources state one.
 sed -i "s/^version = \".*\"/version = \"$version\"/" "$work/src/pyproject.toml"
 sed -i "s/^__version__ = \".*\"/__version__ = \"$version\"/" "$work/src/receiver/__init__.py"
-grep -q "^version = \"$version\"" "$work/src/pyproject.toml"
+# (pyproject.toml states none where it reads receiver.__version__: dynamic = ["version"])
+grep -q -e "^version = \"$version\"" -e '^dynamic = \["version"\]' "$work/src/pyproject.toml"
 grep -q "^__version__ = \"$version\"" "$work/src/receiver/__init__.py"
 
 SOURCE_DATE_EPOCH=$(git -C "$root" log -1 --format=%ct "$commit")

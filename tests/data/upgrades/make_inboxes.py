@@ -61,6 +61,7 @@ VERSIONS: dict[int, str] = {
     5: "5318c3c",
     6: "3468b8f",
     7: "bcb040a",  # release 0.3.0
+    8: "a42eef9",  # release 0.4.0
 }
 #: Edits to a version's tree before it is installed, where its code as committed cannot run.
 #: Every commit of schema 6 (0820ba4, 49342aa, 3468b8f) has ``SqlLanes.settle``'s ``steps``
