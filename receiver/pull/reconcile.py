@@ -5,10 +5,10 @@ page size the upstream answers with) and judges every asset on its own, from wha
 guarantees for an asset (its ``id``, ``type``, ``status``, ``item_id`` and ``created_at``; the
 free-form ``metadata`` may be null):
 
-- **skipped**, with the reason: archived, created before ``--since``, created before the
-  ledgers' retention (``[store].ledger_retention_days``: whether it was delivered is forgotten,
-  and delivering it again could send it twice), or unreadable (no id or no type: it cannot be
-  judged);
+- **skipped**, with the reason: archived, created before ``--since``, created before the time
+  up to which the asset ledger has forgotten rows (``[store].ledger_retention_days``: whether
+  it was delivered is no longer known, and delivering it again could send it twice), or
+  unreadable (no id or no type: it cannot be judged);
 - **not ready** while its ``status`` is not ``completed`` (a later run takes it);
 - **already delivered** when the asset ledger (:mod:`receiver.store.asset_ledger`) says an event
   took it: by its asset id (a webhook, a poll or an earlier run named it), or by the job's or
@@ -45,6 +45,7 @@ from receiver.pull.events import reconcile_event, unit_job_id
 from receiver.retry import RetryPolicy
 from receiver.sinks.download import DEFAULT_DIRECTORY, has_file
 from receiver.store.asset_ledger import (
+    FORGOTTEN_BEFORE,
     asset_key,
     item_type_key,
     job_key,
@@ -54,7 +55,6 @@ from receiver.store.asset_ledger import (
 )
 from receiver.store.base import Store
 from receiver.store.pull import outcome_key
-from receiver.store.retention_timing import Timing
 
 log = get_logger("receiver.pull.reconcile")
 
@@ -186,10 +186,9 @@ class Reconciler:
         """One pass over the collection; the summary. Raises ReceiverError when a page cannot
         be fetched (after retries) or the store cannot be used."""
         summary = ReconcileSummary(collection_id, dry_run=dry_run)
-        # The ledgers remember what was delivered for ledger_seconds: an asset created before
-        # then may have been delivered and forgotten since.
-        ledger = Timing.of(self._settings.store).ledger_seconds
-        horizon = None if ledger is None else self._clock() - ledger
+        # An asset created before the ledger forgot rows up to may have been delivered and
+        # forgotten since (receiver.store.asset_ledger).
+        horizon = (await self._store.ledger([FORGOTTEN_BEFORE])).get(FORGOTTEN_BEFORE)
         units: dict[tuple[Unit, str], _Unit] = {}
         offset = 0
         while True:

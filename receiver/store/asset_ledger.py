@@ -20,6 +20,12 @@ Keys (a few dozen bytes each):
   ``file_url`` when neither the asset nor the job names the other;
 - ``job <job id>``: the event of that job has its snapshot (its files are settled), so an
   outcome the job-outcome ledger holds no longer means "still to be fetched".
+
+Rows older than ``[store].ledger_retention_days`` are forgotten once their event is pruned
+(:mod:`receiver.ops.retention`). One row of its own, :data:`FORGOTTEN_BEFORE`, never forgotten,
+keeps (as its ``upstream_time``) the time before which rows may have been: an asset created
+before then may have been delivered and forgotten, so reconcile skips it; one created since
+cannot have a forgotten row (its row would be younger than the asset).
 """
 
 from __future__ import annotations
@@ -37,6 +43,10 @@ class LedgerEntry:
 
     key: str
     upstream_time: float | None = None
+
+
+#: The ledger's own row: ``upstream_time`` is when rows may have been forgotten up to (or none).
+FORGOTTEN_BEFORE = "retention forgotten-before"
 
 
 def asset_key(asset_id: str) -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from receiver.store.schema_version import SCHEMA_VERSION
 from tests.deploy.support import DEPLOY, run_tool
 from tests.support.helpers import ROOT
 from tests.support.old_inbox import make_sqlite_inbox
@@ -99,7 +100,7 @@ def test_the_units_command_backs_up_and_keeps_the_newest_seven(tmp_path: Path) -
     """ExecStart as written (the paths moved under tmp_path), run nine times: seven copies."""
     db = tmp_path / "state" / "data" / "receiver.db"
     db.parent.mkdir(parents=True)
-    make_sqlite_inbox(db, 8, events=5)
+    make_sqlite_inbox(db, SCHEMA_VERSION, events=5)
     config = tmp_path / "config.toml"
     config.write_text(
         '[webhook]\nsecrets = ["whsec_units"]\n[store]\nurl = "sqlite:///data/receiver.db"\n'

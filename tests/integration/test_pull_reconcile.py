@@ -6,8 +6,10 @@ summary while the receiver serves."""
 from __future__ import annotations
 
 import json
+import sqlite3
 import uuid
 from collections import Counter
+from contextlib import closing
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -18,6 +20,7 @@ from receiver.config.load import parse_settings
 from receiver.errors import ReceiverError
 from receiver.pull.reconcile import Reconciler
 from receiver.simulator.shape import NULL
+from receiver.store.asset_ledger import FORGOTTEN_BEFORE
 from tests.support.cli import assert_one_clean_line, run_cli
 from tests.support.helpers import write_config
 from tests.support.peers import Capture
@@ -314,28 +317,40 @@ async def test_a_listing_that_points_back_ends_the_run_with_an_error(serving):
     assert upstream.calls == 2
 
 
-async def test_assets_older_than_the_ledgers_remember_are_skipped_not_delivered_again(serving):
-    """The ledgers forget after store.ledger_retention_days: an asset created before then may
-    have been delivered and forgotten, so the run skips it with that reason."""
+async def test_assets_older_than_what_the_ledger_forgot_are_skipped_not_delivered_again(
+    serving, tmp_path
+):
+    """Until the ledger has forgotten anything, an old asset never delivered is delivered; once
+    rows up to a time were forgotten (store.ledger_retention_days), an asset created before
+    then may have been delivered and forgotten, so the run skips it with that reason."""
     runtime, _public, _sim = serving
-    days = runtime.settings.store.ledger_retention_days
+    now = datetime.now(UTC)
 
     class Listing:
         async def collection_assets_page(self, collection_id, *, offset=0, limit=100):
             def asset(ident, age_days):
-                created = datetime.now(UTC) - timedelta(days=age_days)
                 return {
                     "id": ident,
                     "type": "image",
                     "status": "completed",
                     "item_id": f"item-{ident}",
-                    "created_at": created.isoformat(),
+                    "created_at": (now - timedelta(days=age_days)).isoformat(),
                 }
 
-            page = [asset("old", days + 1), asset("new", days - 1)]
+            page = [asset("old", 40), asset("new", 20)]
             return page, {"total": 2, "limit": 100, "offset": 0, "has_more": False}
 
     reconciler = Reconciler(settings=runtime.settings, store=runtime.store, upstream=Listing())
+    summary = await reconciler.run(COLLECTION, dry_run=True)
+    assert (summary.newly_delivered, summary.skipped) == (2, Counter()), summary
+
+    forgotten_up_to = (now - timedelta(days=30)).timestamp()
+    with closing(sqlite3.connect(tmp_path / "inbox.db")) as conn, conn:
+        conn.execute(
+            "INSERT INTO asset_ledger (key, event_id, upstream_time, created_at) "
+            "VALUES (?, '', ?, ?)",
+            (FORGOTTEN_BEFORE, forgotten_up_to, forgotten_up_to),
+        )
     summary = await reconciler.run(COLLECTION, dry_run=True)
     assert summary.skipped == Counter({"before the ledger's retention": 1}), summary
     assert summary.newly_delivered == 1

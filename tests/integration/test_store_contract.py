@@ -19,7 +19,7 @@ from receiver.config.settings import StoreSettings
 from receiver.delivery.redelivery import redeliver_event
 from receiver.errors import PayloadError, StoreError, StoreUnavailable, UnknownEvent
 from receiver.store import Outcome, Store, rules
-from receiver.store.asset_ledger import LedgerEntry
+from receiver.store.asset_ledger import FORGOTTEN_BEFORE, LedgerEntry
 from receiver.store.lanes_model import DeliveryKey, LanePolicy, LaneResult, LaneStats, Leases
 from receiver.store.memory import MemoryStore
 from receiver.store.pull import outcome_key
@@ -785,6 +785,11 @@ async def test_ledger_rows_are_forgotten_once_old_and_their_event_is_gone(store:
     assert set(await store.ledger(keys)) == {"asset a-kept", "asset a-recent"}
     assert await store.known_outcomes(outcome_keys) == set(outcome_keys[1:])
     assert await store.prune_ledgers_step(older_than=T0 + 500, limit=10) == 0
+    # The ledger says up to when it forgot (reconcile skips assets created before), raised only
+    # by a step that forgot something, and is itself never forgotten.
+    assert await store.ledger([FORGOTTEN_BEFORE]) == {FORGOTTEN_BEFORE: T0 + 500}
+    assert await store.prune_ledgers_step(older_than=T0 + 9000, limit=10) == 0
+    assert await store.ledger([FORGOTTEN_BEFORE]) == {FORGOTTEN_BEFORE: T0 + 500}
 
 
 async def test_space_is_measured_where_the_backend_can(store: Store, backend: str) -> None:

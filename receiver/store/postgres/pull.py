@@ -9,6 +9,7 @@ part of the group commit (:mod:`.intake`).
 
 from __future__ import annotations
 
+from receiver.store.asset_ledger import FORGOTTEN_BEFORE
 from receiver.store.pull import WATCH_COLUMNS
 from receiver.store.sql.pull import BACKFILL_JOB_OUTCOMES, DUE_WATCHES, REARM_WATCH, PullSql
 from receiver.store.sql.schema import CREATE_INDEX_WATCHES_SINCE
@@ -89,6 +90,13 @@ ASSET_LEDGER_SCHEMA: tuple[str, ...] = (CREATE_ASSET_LEDGER, *BACKFILL_ASSET_LED
 
 class PostgresPull(PullSql):
     """The pull-mode statements as Postgres runs them."""
+
+    MARK_FORGOTTEN = (
+        "INSERT INTO asset_ledger (key, event_id, upstream_time, created_at) "
+        f"VALUES ('{FORGOTTEN_BEFORE}', '', :older_than, :older_than) "
+        "ON CONFLICT (key) DO UPDATE SET "
+        "upstream_time = greatest(asset_ledger.upstream_time, excluded.upstream_time)"
+    )
 
     ADD_WATCHES = (
         """

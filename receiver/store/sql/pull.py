@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from receiver.store.asset_ledger import FORGOTTEN_BEFORE
 from receiver.store.pull import WATCH_COLUMNS, WatchRecord, WatchState, next_poll, watch_records
 from receiver.store.sql.conn import Conn, SqlMixin
 
@@ -77,10 +78,10 @@ DELETE FROM job_outcomes WHERE key IN (
     ORDER BY created_at LIMIT :limit
 )
 """
-PRUNE_ASSET_LEDGER = """
+PRUNE_ASSET_LEDGER = f"""
 DELETE FROM asset_ledger WHERE key IN (
     SELECT key FROM asset_ledger
-    WHERE created_at < :older_than
+    WHERE created_at < :older_than AND key <> '{FORGOTTEN_BEFORE}'
       AND NOT EXISTS (SELECT 1 FROM events WHERE events.id = asset_ledger.event_id)
     ORDER BY created_at LIMIT :limit
 )
@@ -109,6 +110,8 @@ class PullSql:
     WATCH_COUNTS: ClassVar[str] = WATCH_COUNTS
     PRUNE_OUTCOMES: ClassVar[str] = PRUNE_OUTCOMES
     PRUNE_ASSET_LEDGER: ClassVar[str] = PRUNE_ASSET_LEDGER
+    #: Raise the asset ledger's FORGOTTEN_BEFORE row to ``:older_than`` (made when missing).
+    MARK_FORGOTTEN: ClassVar[str]
 
 
 class SqlPull(SqlMixin):
@@ -211,11 +214,13 @@ class SqlPull(SqlMixin):
         params = {"older_than": older_than, "limit": max(limit, 1)}
 
         async def run(c: Conn) -> int:
-            return await c.run(sql.PRUNE_OUTCOMES, params) + await c.run(
-                sql.PRUNE_ASSET_LEDGER, params
-            )
+            forgotten = await c.run(sql.PRUNE_OUTCOMES, params)
+            forgotten += await c.run(sql.PRUNE_ASSET_LEDGER, params)
+            if forgotten:  # in the same transaction: never a row forgotten unmarked
+                await c.run(sql.MARK_FORGOTTEN, {"older_than": older_than})
+            return forgotten
 
-        return await self._run_write(run, transaction=False, durable=False)
+        return await self._run_write(run, durable=False)
 
     async def ledger(self, keys: list[str]) -> dict[str, float | None]:
         if not keys:

@@ -8,6 +8,7 @@ migration); only the outcome check inside ``add_event`` lives with the event ins
 
 from __future__ import annotations
 
+from receiver.store.asset_ledger import FORGOTTEN_BEFORE
 from receiver.store.pull import WATCH_COLUMNS
 from receiver.store.sql.pull import BACKFILL_JOB_OUTCOMES, DUE_WATCHES, REARM_WATCH, PullSql
 from receiver.store.sql.schema import CREATE_INDEX_WATCHES_SINCE
@@ -89,6 +90,13 @@ OUTCOME_ROW = "(?, ?, ?, ?)"
 
 class SqlitePull(PullSql):
     """The pull-mode statements as SQLite runs them."""
+
+    MARK_FORGOTTEN = (
+        "INSERT INTO asset_ledger (key, event_id, upstream_time, created_at) "
+        f"VALUES ('{FORGOTTEN_BEFORE}', '', :older_than, :older_than) "
+        "ON CONFLICT (key) DO UPDATE SET "
+        "upstream_time = max(asset_ledger.upstream_time, excluded.upstream_time)"
+    )
 
     # (``WHERE true``: an upsert's SELECT needs a WHERE, or its ON would be read as a join's.)
     ADD_WATCHES = (
