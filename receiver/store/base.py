@@ -46,7 +46,14 @@ from receiver.store.lanes_model import (
     Leases,
 )
 from receiver.store.pull import PullStore
-from receiver.store.records import EventRecord, EventState, NewEvent, Outcome, Snapshot
+from receiver.store.records import (
+    EventRecord,
+    EventState,
+    NewEvent,
+    Outcome,
+    PruneStep,
+    Snapshot,
+)
 from receiver.store.space import InboxSpace
 from receiver.store.steps import Step
 
@@ -173,9 +180,9 @@ class Store(PullStore, Protocol):
         Runs :meth:`prune_step` until nothing is left (the retention loop paces its steps
         itself: :mod:`receiver.ops.retention`)."""
 
-    async def prune_step(self, *, older_than: float, limit: int) -> int:
+    async def prune_step(self, *, older_than: float, limit: int) -> PruneStep:
         """Delete at most ``limit`` finished events received before ``older_than``, in one
-        short transaction; returns how many."""
+        short transaction; how many, and how long its statements ran."""
 
     async def space(self) -> InboxSpace | None:
         """What the inbox takes on disk and how much of it is free inside it; None for a

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import orjson
 
@@ -205,3 +205,11 @@ class Outcome:
     error: str | None = None
     next_attempt_at: float | None = None
     attempted: bool = True
+
+
+class PruneStep(NamedTuple):
+    """What one prune step did: the events it deleted, and how long its statements ran (the
+    time it held the writer, not the time it waited for its turn)."""
+
+    deleted: int
+    seconds: float

@@ -6,10 +6,8 @@ summary while the receiver serves."""
 from __future__ import annotations
 
 import json
-import sqlite3
 import uuid
 from collections import Counter
-from contextlib import closing
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -20,7 +18,8 @@ from receiver.config.load import parse_settings
 from receiver.errors import ReceiverError
 from receiver.pull.reconcile import Reconciler
 from receiver.simulator.shape import NULL
-from receiver.store.asset_ledger import FORGOTTEN_BEFORE
+from receiver.store.asset_ledger import FORGOTTEN_BEFORE, LedgerEntry
+from receiver.store.records import Snapshot
 from tests.support.cli import assert_one_clean_line, run_cli
 from tests.support.helpers import write_config
 from tests.support.peers import Capture
@@ -32,6 +31,7 @@ from tests.support.pull import (
     send_webhook,
     serve_simulator,
 )
+from tests.support.store_cases import new_event
 
 COLLECTION = "3f1c2a4e-5b6d-4e7f-8a9b-0c1d2e3f4a5b"
 
@@ -317,9 +317,7 @@ async def test_a_listing_that_points_back_ends_the_run_with_an_error(serving):
     assert upstream.calls == 2
 
 
-async def test_assets_older_than_what_the_ledger_forgot_are_skipped_not_delivered_again(
-    serving, tmp_path
-):
+async def test_assets_older_than_what_the_ledger_forgot_are_skipped_not_delivered_again(serving):
     """Until the ledger has forgotten anything, an old asset never delivered is delivered; once
     rows up to a time were forgotten (store.ledger_retention_days), an asset created before
     then may have been delivered and forgotten, so the run skips it with that reason."""
@@ -344,13 +342,15 @@ async def test_assets_older_than_what_the_ledger_forgot_are_skipped_not_delivere
     summary = await reconciler.run(COLLECTION, dry_run=True)
     assert (summary.newly_delivered, summary.skipped) == (2, Counter()), summary
 
-    forgotten_up_to = (now - timedelta(days=30)).timestamp()
-    with closing(sqlite3.connect(tmp_path / "inbox.db")) as conn, conn:
-        conn.execute(
-            "INSERT INTO asset_ledger (key, event_id, upstream_time, created_at) "
-            "VALUES (?, '', ?, ?)",
-            (FORGOTTEN_BEFORE, forgotten_up_to, forgotten_up_to),
-        )
+    # The ledger forgets a row of an event long pruned, up to 30 days ago.
+    store, forgotten_up_to = runtime.store, (now - timedelta(days=30)).timestamp()
+    old = forgotten_up_to - 86400
+    await store.add_event(new_event("long-gone", received_at=old, sinks=()))
+    gone = Snapshot(job={"id": "job-long-gone"}, assets=(), fetched_at=old)
+    await store.save_snapshot("long-gone", gone, ledger=[LedgerEntry("asset a0")], now=old)
+    assert await store.prune(older_than=old + 1) == 1
+    assert await store.prune_ledgers_step(older_than=forgotten_up_to, limit=10) == 2
+    assert await store.ledger([FORGOTTEN_BEFORE]) == {FORGOTTEN_BEFORE: forgotten_up_to}
     summary = await reconciler.run(COLLECTION, dry_run=True)
     assert summary.skipped == Counter({"before the ledger's retention": 1}), summary
     assert summary.newly_delivered == 1

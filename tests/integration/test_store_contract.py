@@ -756,10 +756,10 @@ async def test_a_prune_step_deletes_at_most_its_limit_oldest_rules_alike(store: 
     await store.add_event(new_event("pending", received_at=T0))
     await store.add_event(new_event("keep", received_at=T0 + 1000, sinks=()))
 
-    assert await store.prune_step(older_than=T0 + 500, limit=3) == 3
-    assert await store.prune_step(older_than=T0 + 500, limit=3) == 3
-    assert await store.prune_step(older_than=T0 + 500, limit=3) == 1
-    assert await store.prune_step(older_than=T0 + 500, limit=3) == 0
+    assert (await store.prune_step(older_than=T0 + 500, limit=3)).deleted == 3
+    assert (await store.prune_step(older_than=T0 + 500, limit=3)).deleted == 3
+    assert (await store.prune_step(older_than=T0 + 500, limit=3)).deleted == 1
+    assert (await store.prune_step(older_than=T0 + 500, limit=3)).deleted == 0
     assert (await store.counts())[0] == {"pending": 1, "done": 1, "dead": 0}
 
 

@@ -15,7 +15,7 @@ from receiver.store.browse import (
     matches,
 )
 from receiver.store.memory.batches import MemoryBatches
-from receiver.store.records import EVENT_STATES, DeliveryRecord, EventRecord
+from receiver.store.records import EVENT_STATES, DeliveryRecord, EventRecord, PruneStep
 from receiver.store.space import InboxSpace
 from receiver.store.steps import Step, in_order
 
@@ -43,9 +43,9 @@ class MemoryBrowse(MemoryBatches):
         return [ev.record() for ev in events[start : start + max(limit, 0)]]
 
     async def prune(self, *, older_than: float, batch: int = 1000) -> int:
-        return await self.prune_step(older_than=older_than, limit=len(self._events))
+        return (await self.prune_step(older_than=older_than, limit=len(self._events))).deleted
 
-    async def prune_step(self, *, older_than: float, limit: int) -> int:
+    async def prune_step(self, *, older_than: float, limit: int) -> PruneStep:
         self._check()
         doomed = [
             ev.new.id
@@ -54,7 +54,7 @@ class MemoryBrowse(MemoryBatches):
         ][: max(limit, 0)]
         for event_id in doomed:
             del self._events[event_id]
-        return len(doomed)
+        return PruneStep(len(doomed), 0.0)
 
     async def space(self) -> InboxSpace | None:
         return None

@@ -7,6 +7,7 @@ An event page is fixed ``WHERE`` fragments with named parameters (``:state``), j
 
 from __future__ import annotations
 
+import time
 from typing import Any, ClassVar
 
 from receiver.store.browse import (
@@ -19,7 +20,13 @@ from receiver.store.browse import (
     delivery_records,
     lane_counts,
 )
-from receiver.store.records import DELIVERY_COLUMNS, EVENT_COLUMNS, EVENT_STATES, EventRecord
+from receiver.store.records import (
+    DELIVERY_COLUMNS,
+    EVENT_COLUMNS,
+    EVENT_STATES,
+    EventRecord,
+    PruneStep,
+)
 from receiver.store.sql.batches import BatchSql, SqlBatches
 from receiver.store.sql.conn import Conn
 from receiver.store.sql.records import RecordSql, with_deliveries
@@ -181,19 +188,21 @@ class SqlBrowse(SqlBatches):
     async def prune(self, *, older_than: float, batch: int = 1000) -> int:
         total = 0
         while True:
-            deleted = await self.prune_step(older_than=older_than, limit=max(batch, 1))
+            deleted = (await self.prune_step(older_than=older_than, limit=max(batch, 1))).deleted
             total += deleted
             if deleted < max(batch, 1):
                 return total
 
-    async def prune_step(self, *, older_than: float, limit: int) -> int:
+    async def prune_step(self, *, older_than: float, limit: int) -> PruneStep:
         # One short transaction: intake commits between two steps, and row locks (where
         # writers take them) are held for one step only.
         params = {"older_than": older_than, "limit": max(limit, 1)}
         statement = self._browse_sql.PRUNE_BATCH
 
-        async def run(c: Conn) -> int:
-            return await c.run(statement, params)
+        async def run(c: Conn) -> PruneStep:
+            started = time.perf_counter()
+            deleted = await c.run(statement, params)
+            return PruneStep(deleted, time.perf_counter() - started)
 
         return await self._run_write(run, transaction=False, durable=False)
 
