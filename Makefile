@@ -218,8 +218,8 @@ test-postgres: $(VENV)/.installed-dev  ## the Postgres tests alone (PostgreSQL o
 # --- Benchmarks and the long fuzz run (bench/; never part of `make test`) ---------------------
 # Each benchmark measures its baselines in the same run and prints ratios; BENCH_ARGS passes
 # options through (e.g. `make bench-ingest BENCH_ARGS="--rounds 5 --loop asyncio"`).
-.PHONY: bench bench-ingest bench-scale bench-e2e bench-lanes bench-web bench-redeliver bench-tools fuzz
-.PHONY: bench-steps bench-profile bench-tracing
+.PHONY: bench bench-ingest bench-scale bench-e2e bench-soak bench-lanes bench-web bench-redeliver bench-tools fuzz
+.PHONY: bench-steps bench-waits bench-profile bench-tracing
 .PHONY: fuzz-webhook test-durability
 BENCH_ARGS ?=
 FUZZ_EXAMPLES ?= 100000
@@ -243,6 +243,9 @@ bench-tracing: $(VENV)/.installed-bench bench-tools  ## intake on SQLite with tr
 bench-steps: $(VENV)/.installed-bench  ## intake's steps one by one and its whole handler, CPU time per webhook
 	$(BIN)/python -m bench.ingest.steps $(BENCH_ARGS)
 
+bench-waits: $(VENV)/.installed-bench bench-tools  ## a webhook's time at 64 connections on SQLite: handler, wait for its group, the group's write, answer; group sizes
+	$(BIN)/python -m bench.ingest.waits $(BENCH_ARGS)
+
 bench-profile: $(VENV)/.installed-bench bench-tools  ## py-spy on the receiver storing nothing under wrk: what is below Intake._handle
 	$(BIN)/pip install --quiet py-spy
 	$(BIN)/python -m bench.ingest.profile $(BENCH_ARGS)
@@ -252,6 +255,9 @@ bench-scale: $(VENV)/.installed-bench bench-tools  ## intake with 1M events stor
 
 bench-e2e: $(VENV)/.installed-bench  ## events/s against a 100 ms upstream vs the concurrency bound
 	$(BIN)/python -m bench.e2e $(BENCH_ARGS)
+
+bench-soak: $(VENV)/.installed-bench  ## an hour of steady webhooks with 2 min of retention: file size, RSS and fds level off (SQLite, Postgres)
+	$(BIN)/python -m bench.soak $(BENCH_ARGS)
 
 bench-lanes: $(VENV)/.installed-bench  ## fast sinks beside a paced and a hanging sink, vs alone
 	$(BIN)/python -m bench.lanes $(BENCH_ARGS)

@@ -20,9 +20,13 @@ from bench.common import ROOT, webhook_body
 from receiver.store.sql.pull import BACKFILL_JOB_OUTCOMES
 from receiver.store.sqlite import MIGRATIONS, SCHEMA_VERSION
 from receiver.store.sqlite.intake import INSERT_EVENT
+from receiver.store.sqlite.space import PRAGMA_AUTO_VACUUM_INCREMENTAL
 
 CHUNK = 20_000
 CACHE = ROOT / ".bench" / "cache"
+#: In every cached inbox's name: the layout it was built with (the schema version, and "iv" for
+#: incremental vacuum), so an inbox cached by an earlier layout is never reused.
+LAYOUT = f"schema{SCHEMA_VERSION}-iv"
 
 
 def logo_event(n: int) -> bytes:
@@ -74,12 +78,14 @@ def finish_inbox(conn: sqlite3.Connection) -> None:
 
 
 def new_inbox(path: Path) -> sqlite3.Connection:
-    """A new, empty inbox file at ``path`` with the receiver's schema, opened for bulk writes
-    (WAL, ``synchronous = OFF``, a large cache); the caller closes it."""
+    """A new, empty inbox file at ``path`` with the receiver's schema, made as the receiver makes
+    one (incremental vacuum, said before the first page is written, then WAL), opened for bulk
+    writes (``synchronous = OFF``, a large cache); the caller closes it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     for suffix in ("", "-wal", "-shm"):
         Path(f"{path}{suffix}").unlink(missing_ok=True)
     conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute(PRAGMA_AUTO_VACUUM_INCREMENTAL)
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("PRAGMA synchronous = OFF")
     conn.execute("PRAGMA cache_size = -262144")
@@ -98,12 +104,14 @@ def build(
     state: str,
     body: Callable[[int], bytes],
     sink: str = "files",
+    received_hours_ago: float = 1.0,
     progress: Callable[[str], None] = print,
 ) -> Path:
-    """An inbox at ``path`` holding ``count`` events in ``state`` (pending or done)."""
+    """An inbox at ``path`` holding ``count`` events in ``state`` (pending or done), received
+    ``received_hours_ago`` (the first; each next one a millisecond later)."""
     started = time.monotonic()
     with closing(new_inbox(path)) as conn:
-        now = time.time() - 3600
+        now = time.time() - received_hours_ago * 3600
         for start in range(0, count, CHUNK):
             events, deliveries = [], []
             for n in range(start, min(count, start + CHUNK)):
@@ -160,10 +168,22 @@ def cached_copy(
     count: int,
     target: Path,
     progress: Callable[[str], None] = print,
+    received_hours_ago: float | None = None,
     **build_args: object,
 ) -> Path:
-    """A copy at ``target`` of a cached inbox (built once, then reused between runs)."""
-    cached = CACHE / name
+    """A copy at ``target`` of a cached inbox (built once, then reused between runs).
+
+    ``received_hours_ago``: how old the events are when built (:func:`build`'s default, an
+    hour, when None). The cached file's name says it and the :data:`LAYOUT` (``inbox.db`` ->
+    ``inbox-200h-ago-schema9-iv.db``), so an inbox of another age or an earlier layout is
+    never taken for it."""
+    tags = [LAYOUT]
+    if received_hours_ago is not None:
+        tags.insert(0, f"{received_hours_ago:g}h-ago")
+        build_args["received_hours_ago"] = received_hours_ago
+    stem, dot, suffix = name.rpartition(".")
+    tagged = "-".join([stem if dot else name, *tags]) + (f".{suffix}" if dot else "")
+    cached = CACHE / tagged
     if count_events(cached) != count:
         progress(f"  building the cached inbox {cached} (once)")
         build(cached, count, progress=progress, **build_args)  # type: ignore[arg-type]

@@ -1,4 +1,4 @@
-"""What a benchmark reads of a server process from /proc (Linux): memory and CPU time."""
+"""What a benchmark reads of a server process from /proc (Linux): memory, CPU time, open files."""
 
 from __future__ import annotations
 
@@ -55,3 +55,18 @@ def peak_rss_mb(pid: int) -> float:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) / 1024
     return 0.0
+
+
+def open_fds(pid: int) -> tuple[int, int]:
+    """The process's open file descriptors, and how many of them are sockets (a server's
+    connections among them, which come and go with the load)."""
+    directory = f"/proc/{pid}/fd"
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return 0, 0
+    sockets = 0
+    for name in names:
+        with contextlib.suppress(OSError):
+            sockets += os.readlink(f"{directory}/{name}").startswith("socket:")
+    return len(names), sockets

@@ -32,7 +32,7 @@ from pathlib import Path
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from bench.backlog import finish_inbox, insert_rows, new_inbox
+from bench.backlog import LAYOUT, finish_inbox, insert_rows, new_inbox
 from bench.common import ROOT, Table, machine_note, median
 from receiver.config.settings import SinkSettings, StoreSettings
 from receiver.observe.metrics import Metrics
@@ -109,9 +109,10 @@ def build(path: Path, count: int) -> None:
 
 
 def inbox(count: int) -> Path:
-    """The cached inbox for ``count`` events, rebuilt whenever the schema's statements change."""
+    """The cached inbox for ``count`` events, rebuilt whenever the schema's statements or the
+    inbox's layout (backlog.LAYOUT) change."""
     schema = hashlib.sha256(repr(MIGRATIONS).encode()).hexdigest()[:10]
-    path = CACHE / f"web-{count}-{schema}.db"
+    path = CACHE / f"web-{count}-{schema}-{LAYOUT}.db"
     if not path.exists():
         print(f"building an inbox of {count:,} events at {path} (once; cached)")
         build(path, count)

@@ -8,11 +8,13 @@
 2. Drain a backlog of ``--backlog`` pending events (100,000) with ``--role worker`` through the
    fast upstream stand-in (bench/stub.py) and one download sink: the time it takes and the
    receiver's peak RSS (target: <= 120 MB; the backlog is never loaded into memory).
+3. Intake while retention prunes ``--stored`` expired events, against a baseline that keeps
+   them, alternating: req/s >= 0.9x and p99 <= 1.5x, and the prune rate (bench/scale/prune.py).
 
 The SQLite inboxes are built once and cached under .bench/cache::
 
     python -m bench.scale [--stored 1000000] [--backlog 100000] [--rounds 3] [--seconds 10]
-        [--stores sqlite,postgres] [--only ingest|drain]
+        [--stores sqlite,postgres] [--only ingest|drain|prune]
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from bench.common import (
 from bench.ingest.__main__ import POSTGRES_URL, Runner
 from bench.ingest.report import spread
 from bench.proc import peak_rss_mb, rss_mb
-from bench.scale import postgres
+from bench.scale import postgres, prune
 
 TARGET_RATIO = 0.9
 TARGET_RSS_MB = 120.0
@@ -242,21 +244,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=16, help="worker.concurrency to drain")
     parser.add_argument("--loop", choices=("asyncio", "uvloop"), default=event_loop_name())
-    parser.add_argument("--only", choices=("ingest", "drain"))
-    parser.add_argument("--stores", default="sqlite,postgres", help="for 1. (default both)")
+    parser.add_argument("--only", choices=("ingest", "drain", "prune"))
+    parser.add_argument("--stores", default="sqlite,postgres", help="for 1. and 3. (default both)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args(argv)
     print(f"bench scale: {machine_note(args.loop)}")
     with scratch("scale-", keep=args.keep) as work:
-        if args.only != "drain":
+        if args.only in (None, "ingest"):
             need_wrk()
             for kind in args.stores.split(","):
                 if kind == "postgres" and not postgres.reachable(POSTGRES_URL):
                     print(f"\n  note: no PostgreSQL at {POSTGRES_URL}: 1. on postgres left out")
                     continue
                 ingest_at_scale(args, work, kind)
-        if args.only != "ingest":
+        if args.only in (None, "drain"):
             drain_backlog(args, work)
+        if args.only in (None, "prune"):
+            prune.run(args, work)
     print(f"\n  {machine_note(args.loop)}")
     return 0
 

@@ -18,7 +18,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from bench.common import bench_env, port_open, write_config
 from receiver.store.sql.pull import BACKFILL_JOB_OUTCOMES
@@ -27,7 +27,7 @@ INSERT_EVENTS = """
 INSERT INTO events (id, event, job_id, body, headers, received_at, state, enrich_at)
 SELECT md5('stored-event-' || i)::uuid::text, 'job.completed', md5('stored-job-' || i)::uuid::text,
        convert_to(repeat('x', 800), 'UTF8'), '{"User-Agent":"bench"}',
-       extract(epoch FROM now()) - 3600 + i * 0.001, 'done', NULL
+       extract(epoch FROM now()) - $3::float8 + i * 0.001, 'done', NULL
 FROM generate_series($1::bigint, $2::bigint) AS i
 """
 INSERT_DELIVERIES = """
@@ -53,8 +53,16 @@ async def _run(url: str, schema: str, statements: list[tuple[str, tuple[object, 
         await conn.close()
 
 
-def build(url: str, count: int, work: Path, progress: Callable[[str], None] = print) -> str:
-    """A new schema holding ``count`` done events; its name."""
+def build(
+    url: str,
+    count: int,
+    work: Path,
+    progress: Callable[[str], None] = print,
+    *,
+    received_hours_ago: float = 1.0,
+) -> str:
+    """A new schema holding ``count`` done events received ``received_hours_ago`` (the first;
+    each next one a millisecond later); its name."""
     schema = "receiver_scale_" + uuid.uuid4().hex[:12]
     started = time.monotonic()
     config = write_config(
@@ -69,7 +77,8 @@ def build(url: str, count: int, work: Path, progress: Callable[[str], None] = pr
     )
     for start in range(1, count + 1, CHUNK):
         end = min(count, start + CHUNK - 1)
-        asyncio.run(_run(url, schema, [(INSERT_EVENTS, (start, end))]))
+        args = (start, end, received_hours_ago * 3600)
+        asyncio.run(_run(url, schema, [(INSERT_EVENTS, args)]))
         if (end // CHUNK) % 2 == 0 or end == count:
             progress(f"    {end:,} / {count:,} events written")
     asyncio.run(
@@ -90,3 +99,24 @@ def drop(url: str, schema: str) -> None:
         asyncio.run(_run(url, "public", [(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE', ())]))
     except Exception as exc:
         print(f"  note: schema {schema} not dropped: {exc}")
+
+
+def new_database(url: str) -> tuple[str, str] | None:
+    """A new, empty database on ``url``'s server: its name and its url; None, with a note, when
+    it cannot be made (the role may not create databases)."""
+    name = "receiver_bench_" + uuid.uuid4().hex[:12]
+    try:
+        asyncio.run(_run(url, "public", [(f'CREATE DATABASE "{name}"', ())]))
+    except Exception as exc:
+        print(f"  note: database {name} not created ({type(exc).__name__}: {exc})")
+        return None
+    return name, urlunsplit(urlsplit(url)._replace(path=f"/{name}"))
+
+
+def drop_database(url: str, name: str) -> None:
+    """Drops database ``name`` of ``url``'s server, ending its sessions."""
+    try:
+        statement = f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'
+        asyncio.run(_run(url, "public", [(statement, ())]))
+    except Exception as exc:
+        print(f"  note: database {name} not dropped: {exc}")
