@@ -70,6 +70,7 @@ class Retention:
         self._clock = clock
         self._events = FIRST_STEP_EVENTS
         self._pages = FIRST_STEP_PAGES
+        self._vacuum_said = False
 
     async def run(self) -> None:
         while True:
@@ -135,8 +136,17 @@ class Retention:
 
     async def reclaim(self) -> int:
         space = await self._store.space()
-        if space is None or not space.reclaimable or space.free_bytes is None:
+        if space is None or not space.reclaimable:
             return 0
+        if space.free_bytes is None:
+            # Postgres with autovacuum off: one plain VACUUM of what was pruned.
+            if not self._vacuum_said:
+                self._vacuum_said = True
+                log.warning(
+                    "autovacuum is off on the database server: each retention cycle vacuums "
+                    "the inbox's tables itself"
+                )
+            return await self._store.reclaim_space(max_pages=0)
         free = space.free_bytes
         total = 0
         while free - total > KEEP_FREE_BYTES:

@@ -11,8 +11,9 @@ class InboxSpace:
     its tables with their indexes). ``free_bytes``: pages inside it that hold nothing (SQLite's
     free list), which new rows reuse and an incremental vacuum gives back; None where the
     backend does not say. ``reclaimable``: whether :meth:`~receiver.store.base.Store.reclaim_space`
-    can give free pages back (a SQLite file made before incremental vacuum cannot, until
-    ``receiver migrate`` converts it)."""
+    has anything to do: SQLite can give free pages back (a file made before incremental vacuum
+    cannot, until ``receiver store vacuum`` converts it); Postgres vacuums when the server's
+    autovacuum is off (``free_bytes`` None: in one go)."""
 
     file_bytes: int
     free_bytes: int | None = None

@@ -9,6 +9,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import asyncpg
 import pytest
 
 from receiver.config.settings import StoreSettings
@@ -16,10 +17,12 @@ from receiver.observe.metrics import Metrics
 from receiver.ops import retention
 from receiver.ops.retention import Retention, next_size
 from receiver.store.memory import MemoryStore
+from receiver.store.postgres import PostgresStore
 from receiver.store.records import PruneStep
 from receiver.store.retention_timing import BENCH_ENV, CYCLE_SECONDS, Timing
 from receiver.store.sqlite import SqliteStore
 from receiver.store.sqlite.space import AUTO_VACUUM_INCREMENTAL, vacuum
+from tests.support.postgres import POSTGRES_URL, fresh_schema, require_postgres, store_settings
 from tests.support.store_cases import T0, new_event
 
 RETENTION = 100.0
@@ -196,3 +199,29 @@ async def test_an_older_inbox_is_not_reclaimable_until_converted_and_keeps_every
         assert space is not None and space.reclaimable
     finally:
         await store.close()
+
+
+async def test_on_a_postgres_server_without_autovacuum_the_cycle_vacuums_what_it_pruned() -> None:
+    require_postgres()
+    async with fresh_schema() as schema:
+        store = PostgresStore(store_settings(schema))
+        await store.open()
+        conn = await asyncpg.connect(POSTGRES_URL)
+        try:
+            if await conn.fetchval("SELECT current_setting('autovacuum')") != "off":
+                pytest.skip("the server's autovacuum is on: it reuses the pruned rows' space")
+            for i in range(200):
+                await store.add_event(new_event(f"old-{i}", received_at=T0, sinks=()))
+            # VACUUM reports to the statistics at once (a backend's deletes only when idle).
+            vacuumed = (
+                "SELECT last_vacuum IS NOT NULL AND n_dead_tup = 0 FROM pg_stat_user_tables "
+                "WHERE schemaname = $1 AND relname = 'events'"
+            )
+            cycle = loop(store)
+            assert await cycle.prune() == 200
+            assert not await conn.fetchval(vacuumed, schema)
+            await cycle.reclaim()
+            assert await conn.fetchval(vacuumed, schema)
+        finally:
+            await conn.close()
+            await store.close()

@@ -2,15 +2,20 @@
 
 Postgres reuses the space of deleted rows itself once autovacuum has passed (the retention loop
 deletes in short steps, each its own transaction, which is what lets autovacuum keep up), and
-gives it back to the file system only through ``VACUUM FULL``, which the receiver never runs:
-there is nothing to reclaim here, only to measure.
+gives it back to the file system only through ``VACUUM FULL``, which the receiver never runs.
+On a server with autovacuum off, nothing would ever reuse it: there the retention cycle runs a
+plain ``VACUUM`` of the tables it prunes (:meth:`PostgresSpace.reclaim_space`), which takes no
+lock that blocks reads or writes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+import asyncpg
+
+from receiver.errors import StoreUnavailable
 from receiver.store.space import InboxSpace
 
 if TYPE_CHECKING:
@@ -18,29 +23,46 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-# Every table of the inbox's schema (the first of the search path) with its indexes and TOAST.
+# Every table of the inbox's schema (the first of the search path) with its indexes and TOAST,
+# and whether the server's autovacuum runs.
 TABLES_SIZE = """
-SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)
+SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0), current_setting('autovacuum')
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = current_schema() AND c.relkind = 'r'
 """
+# The tables retention deletes from.
+VACUUM = "VACUUM (ANALYZE) events, deliveries, event_steps, job_outcomes, asset_ledger"
+#: A VACUUM of a large inbox takes minutes (it never blocks reads or writes meanwhile).
+VACUUM_TIMEOUT_SECONDS = 3600.0
 
 
 class PostgresSpace:
     """:meth:`space` and :meth:`reclaim_space` of the Postgres store."""
 
     if TYPE_CHECKING:
+        _pool: Any
+        _timeout: float
 
         async def _run_read(
             self, fn: Callable[[Conn], Awaitable[T]], *, snapshot: bool = False
         ) -> T: ...
 
     async def space(self) -> InboxSpace | None:
-        async def run(c: Conn) -> int:
+        async def run(c: Conn) -> InboxSpace:
             row = await c.row(TABLES_SIZE)
-            return int(row[0]) if row is not None else 0
+            assert row is not None
+            return InboxSpace(file_bytes=int(row[0]), reclaimable=row[1] == "off")
 
-        return InboxSpace(file_bytes=await self._run_read(run))
+        return await self._run_read(run)
 
     async def reclaim_space(self, *, max_pages: int) -> int:
+        """With the server's autovacuum off, a plain VACUUM of the pruned tables (all of it at
+        once, ``max_pages`` aside); 0: the bytes it makes reusable are not known."""
+        if self._pool is None:
+            raise StoreUnavailable("the inbox is not open")
+        try:
+            async with self._pool.acquire(timeout=self._timeout) as conn:
+                await conn.execute(VACUUM, timeout=VACUUM_TIMEOUT_SECONDS)
+        except (asyncpg.PostgresError, OSError, TimeoutError) as exc:
+            raise StoreUnavailable(f"VACUUM of the inbox's tables failed: {exc}") from exc
         return 0
