@@ -18,9 +18,9 @@ from pathlib import Path
 
 from bench.common import ROOT, webhook_body
 from receiver.store.sql.pull import BACKFILL_JOB_OUTCOMES
-from receiver.store.sqlite import MIGRATIONS, SCHEMA_VERSION
+from receiver.store.sqlite import SCHEMA_VERSION
 from receiver.store.sqlite.intake import INSERT_EVENT
-from receiver.store.sqlite.space import PRAGMA_AUTO_VACUUM_INCREMENTAL
+from tests.support.bulk_inbox import new_inbox as new_inbox  # also for the other benchmarks
 
 CHUNK = 20_000
 CACHE = ROOT / ".bench" / "cache"
@@ -75,26 +75,6 @@ def finish_inbox(conn: sqlite3.Connection) -> None:
     conn.execute(BACKFILL_JOB_OUTCOMES)
     conn.execute("COMMIT")
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-
-
-def new_inbox(path: Path) -> sqlite3.Connection:
-    """A new, empty inbox file at ``path`` with the receiver's schema, made as the receiver makes
-    one (incremental vacuum, said before the first page is written, then WAL), opened for bulk
-    writes (``synchronous = OFF``, a large cache); the caller closes it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{path}{suffix}").unlink(missing_ok=True)
-    conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute(PRAGMA_AUTO_VACUUM_INCREMENTAL)
-    conn.execute("PRAGMA journal_mode = WAL")
-    conn.execute("PRAGMA synchronous = OFF")
-    conn.execute("PRAGMA cache_size = -262144")
-    conn.execute("BEGIN")
-    for statements in MIGRATIONS:
-        for statement in statements:
-            conn.execute(statement)
-    conn.execute("COMMIT")
-    return conn
 
 
 def build(

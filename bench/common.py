@@ -314,6 +314,30 @@ class Server:
         self.stop()
 
 
+def start_all(servers: dict[str, Server]) -> dict[str, Server]:
+    """Starts each of ``servers`` in turn; when one fails, stops all of them and raises."""
+    try:
+        for server in servers.values():
+            server.start()
+    except BaseException:
+        for server in servers.values():
+            server.stop()
+        raise
+    return servers
+
+
+def start_stub(loop: str, cwd: Path, *args: str) -> Server:
+    """bench/stub.py, the fast upstream stand-in, started on a free port (its ``port``)."""
+    port = free_port()
+    return Server(
+        "stub",
+        python_module(loop, "bench.stub", "--port", str(port), *args),
+        port=port,
+        cwd=cwd,
+        env=bench_env(),
+    ).start()
+
+
 def receiver_config(
     directory: Path,
     *,

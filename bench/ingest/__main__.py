@@ -60,6 +60,7 @@ from bench.common import (
     receiver_config,
     run_wrk,
     scratch,
+    start_all,
     write_requests,
 )
 from bench.ingest import slow_fsync
@@ -173,14 +174,7 @@ def start_servers(
             command += ["--postgres", POSTGRES_URL, "--schema", schemas[name]]
         server_env = {**env, **slow_disk} if name.endswith("-fsync") else env
         servers[name] = Server(name, command, port=port, cwd=work, env=server_env)
-    try:
-        for server in servers.values():
-            server.start()
-    except BaseException:
-        for server in servers.values():
-            server.stop()
-        raise
-    return servers
+    return start_all(servers)
 
 
 def _collector(work: Path, env: dict[str, str], servers: dict[str, Server]) -> str:

@@ -38,7 +38,7 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,8 +57,10 @@ from bench.common import (
     receiver_command,
     receiver_config,
     scratch,
+    start_all,
 )
 from bench.ingest.__main__ import Runner
+from bench.ingest.report import rounds_table
 from tests.support.helpers import adjacent_free_ports
 
 STAMPED = "stamped"
@@ -196,55 +198,36 @@ def parts_table(figures: Breakdown, wrk: list[WrkResult]) -> str:
     return table.render()
 
 
+def add_distribution(
+    table: Table,
+    label: str,
+    values: Sequence[float],
+    cell: Callable[[float], object],
+    mean_cell: Callable[[float], str],
+) -> None:
+    """A row of sorted ``values``: p50, p90, p99, max (each ``cell``), mean (``mean_cell``)."""
+    mean = sum(values) / len(values) if values else 0.0
+    table.add(
+        label,
+        cell(percentile(values, 0.5)),
+        cell(percentile(values, 0.9)),
+        cell(percentile(values, 0.99)),
+        cell(values[-1]) if values else 0,
+        mean_cell(mean),
+    )
+
+
 def groups_table(figures: Breakdown) -> str:
     table = Table(["groups", "p50", "p90", "p99", "max", "mean"])
     sizes = figures.sizes
-    mean = sum(sizes) / len(sizes) if sizes else 0.0
-    table.add(
-        f"events per group ({len(sizes):,} groups)",
-        percentile(sizes, 0.5),
-        percentile(sizes, 0.9),
-        percentile(sizes, 0.99),
-        sizes[-1] if sizes else 0,
-        f"{mean:.1f}",
+    one_place = "{:.1f}".format
+    add_distribution(
+        table, f"events per group ({len(sizes):,} groups)", sizes, lambda v: v, one_place
     )
-    seen = figures.request_sizes
-    seen_mean = sum(seen) / len(seen) if seen else 0.0
-    table.add(
-        "the group a webhook is in, events",
-        percentile(seen, 0.5),
-        percentile(seen, 0.9),
-        percentile(seen, 0.99),
-        seen[-1] if seen else 0,
-        f"{seen_mean:.1f}",
+    add_distribution(
+        table, "the group a webhook is in, events", figures.request_sizes, lambda v: v, one_place
     )
-    writes = figures.writes
-    write_mean = sum(writes) / len(writes) if writes else 0.0
-    table.add(
-        "a group's write (c), ms",
-        ms(percentile(writes, 0.5)),
-        ms(percentile(writes, 0.9)),
-        ms(percentile(writes, 0.99)),
-        ms(writes[-1]) if writes else "0",
-        ms(write_mean),
-    )
-    return table.render()
-
-
-def overhead_table(results: dict[str, list[WrkResult]], order: list[list[str]]) -> str:
-    table = Table(["round", "server", "req/s", "p50 ms", "p99 ms", "non-2xx", "CPU us/req"])
-    for index, names in enumerate(order):
-        for name in names:
-            r = results[name][index]
-            table.add(
-                index + 1,
-                name,
-                f"{r.rps:,.0f}",
-                f"{r.p50_ms:.2f}",
-                f"{r.p99_ms:.2f}",
-                r.failures,
-                f"{r.cpu_us:.0f}",
-            )
+    add_distribution(table, "a group's write (c), ms", figures.writes, ms, ms)
     return table.render()
 
 
@@ -276,14 +259,7 @@ def start_servers(work: Path, args: argparse.Namespace, stamps: Path) -> dict[st
         else:
             command = receiver_command(config, "intake", args.loop)
         servers[name] = Server(name, command, port=port, cwd=directory, env=bench_env())
-    try:
-        for server in servers.values():
-            server.start()
-    except BaseException:
-        for server in servers.values():
-            server.stop()
-        raise
-    return servers
+    return start_all(servers)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -369,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  the intake thread is in a group's transaction {busy} of each round's time")
     print("")
     print("the stamps' overhead: the stamped receiver against the plain one, alternating")
-    print(overhead_table(results, order))
+    print(rounds_table(results, order))
     rps_ratios = [
         s.rps / p.rps for s, p in zip(results[STAMPED], results[PLAIN], strict=True) if p.rps
     ]

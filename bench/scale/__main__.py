@@ -38,11 +38,11 @@ from bench.common import (
     machine_note,
     median,
     need_wrk,
-    python_module,
     read_toml,
     receiver_command,
     receiver_config,
     scratch,
+    start_stub,
 )
 from bench.ingest.__main__ import POSTGRES_URL, Runner
 from bench.ingest.report import spread
@@ -161,20 +161,13 @@ def drain_backlog(args: argparse.Namespace, work: Path) -> dict[str, float]:
         state="pending",
         body=backlog.logo_event,
     )
-    stub_port = free_port()
-    stub = Server(
-        "stub",
-        python_module(args.loop, "bench.stub", "--port", str(stub_port)),
-        port=stub_port,
-        cwd=directory,
-        env=bench_env(),
-    ).start()
+    stub = start_stub(args.loop, directory)
     port = free_port()
     config = receiver_config(
         directory,
         port=port,
         admin_port=free_port(),
-        base_url=f"http://127.0.0.1:{stub_port}/v1",
+        base_url=f"http://127.0.0.1:{stub.port}/v1",
         sinks=[
             {
                 "name": "files",

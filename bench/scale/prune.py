@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import Server, bench_env, free_port, machine_note, need_wrk, python_module
+from bench.common import Server, machine_note, need_wrk, start_stub
 from bench.ingest.__main__ import POSTGRES_URL, Runner
 from bench.scale import postgres
 from bench.scale.prune_report import PruneFigures, report
@@ -145,17 +145,10 @@ def prune_under_load(args: argparse.Namespace, work: Path, kind: str) -> dict[st
     figures = PruneFigures()
     try:
         try:
-            stub_port = free_port()
-            stub = Server(
-                "stub",
-                python_module(args.loop, "bench.stub", "--port", str(stub_port)),
-                port=stub_port,
-                cwd=work,
-                env=bench_env(),
-            ).start()
+            stub = start_stub(args.loop, work)
             for name in ("baseline", "prune"):
                 sides[name] = make_side(
-                    args, work, kind, name, stub_port, keep_all=name == "baseline"
+                    args, work, kind, name, stub.port, keep_all=name == "baseline"
                 )
             baseline, prune = sides["baseline"], sides["prune"]
             baseline.start()

@@ -35,11 +35,10 @@ import pytest
 
 from receiver.store.postgres import schema as pg_schema
 from receiver.store.sql.pull import BACKFILL_JOB_OUTCOMES
-from receiver.store.sqlite import MIGRATIONS
 from receiver.store.sqlite.intake import INSERT_EVENT
-from receiver.store.sqlite.space import PRAGMA_AUTO_VACUUM_INCREMENTAL
+from tests.support.bulk_inbox import new_inbox
 from tests.support.helpers import ReceiverProcess, free_port, wait_for, write_config
-from tests.support.old_inbox import connect_to, create_postgres_schema
+from tests.support.old_inbox import DELIVERY_COLUMNS, connect_to, create_postgres_schema
 from tests.support.postgres import fresh_schema, require_postgres, url_with
 
 HOUR = 3600.0
@@ -55,15 +54,6 @@ SECRET = "whsec_prune_crash_" + "9c" * 12
 EXPIRED_BEFORE_AGE = 150 * HOUR
 
 EVENT_COLUMNS = ("id", "event", "job_id", "body", "headers", "received_at", "state", "enrich_at")
-DELIVERY_COLUMNS = (
-    "event_id",
-    "sink",
-    "state",
-    "attempts",
-    "next_attempt_at",
-    "last_error",
-    "updated_at",
-)
 INSERT_DELIVERY = (
     f"INSERT INTO deliveries ({', '.join(DELIVERY_COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?, ?)"
 )
@@ -219,18 +209,13 @@ class SqliteInbox(Inbox):
         self.store = {"url": f"sqlite:///{self.db}"}
 
     async def build(self, rows: Rows) -> None:
-        """As bench/backlog.py builds an inbox: the receiver's migrations and event statement,
-        bulk rows with ``synchronous = OFF``, the job-outcome ledger filled as its migration
-        fills it, the WAL folded into the file; and incremental vacuum on, as the receiver makes
-        a new inbox (so the restarted receiver gives the pruned pages back, too)."""
-        with closing(sqlite3.connect(self.db, isolation_level=None)) as conn:
-            conn.execute(PRAGMA_AUTO_VACUUM_INCREMENTAL)
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = OFF")
+        """As bench/backlog.py builds an inbox (:func:`tests.support.bulk_inbox.new_inbox`): the
+        receiver's migrations and event statement, bulk rows with ``synchronous = OFF``, the
+        job-outcome ledger filled as its migration fills it, the WAL folded into the file; and
+        incremental vacuum on, as the receiver makes a new inbox (so the restarted receiver gives
+        the pruned pages back, too)."""
+        with closing(new_inbox(self.db)) as conn:
             conn.execute("BEGIN")
-            for statements in MIGRATIONS:
-                for statement in statements:
-                    conn.execute(statement)
             conn.executemany(INSERT_EVENT, rows.events)
             conn.executemany(INSERT_DELIVERY, rows.deliveries)
             conn.execute(BACKFILL_JOB_OUTCOMES)

@@ -1,0 +1,30 @@
+"""A new SQLite inbox with the receiver's schema, opened for bulk rows: how the benchmarks'
+inboxes (bench/backlog.py) and the tests that fill an inbox with plain SQL start one."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from receiver.store.sqlite import MIGRATIONS
+from receiver.store.sqlite.space import PRAGMA_AUTO_VACUUM_INCREMENTAL
+
+
+def new_inbox(path: Path) -> sqlite3.Connection:
+    """A new, empty inbox file at ``path`` with the receiver's schema, made as the receiver makes
+    one (incremental vacuum, said before the first page is written, then WAL), opened for bulk
+    writes (``synchronous = OFF``, a large cache); the caller closes it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute(PRAGMA_AUTO_VACUUM_INCREMENTAL)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = OFF")
+    conn.execute("PRAGMA cache_size = -262144")
+    conn.execute("BEGIN")
+    for statements in MIGRATIONS:
+        for statement in statements:
+            conn.execute(statement)
+    conn.execute("COMMIT")
+    return conn
