@@ -33,19 +33,26 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
-def command_cpu_seconds(command: str) -> float:
-    """CPU time (user + system) so far of every process named ``command`` (its ``comm``), e.g.
-    ``postgres``: the database server's postmaster, backends and background writers, all of
-    which share the machine with the server being measured."""
+def command_cpu(command: str) -> dict[int, float]:
+    """CPU time (user + system) so far of each process named ``command`` (its ``comm``), by
+    pid, e.g. ``postgres``: the database server's postmaster, backends and background writers,
+    all of which share the machine with the server being measured."""
     ticks = os.sysconf("SC_CLK_TCK")
-    total = 0.0
+    found: dict[int, float] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError, ValueError, IndexError):
             head, _, tail = stat.read_text().rpartition(")")
             if head.partition("(")[2] == command:
                 fields = tail.split()
-                total += (int(fields[11]) + int(fields[12])) / ticks
-    return total
+                found[int(stat.parent.name)] = (int(fields[11]) + int(fields[12])) / ticks
+    return found
+
+
+def cpu_since(before: dict[int, float], after: dict[int, float]) -> float:
+    """The CPU time the processes of ``after`` spent since ``before`` was read: a process that
+    ended in between takes its time with it (never a negative total), one that started counts
+    whole."""
+    return sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items())
 
 
 def peak_rss_mb(pid: int) -> float:

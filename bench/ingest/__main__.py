@@ -65,7 +65,7 @@ from bench.common import (
 )
 from bench.ingest import slow_fsync
 from bench.ingest.report import NO_STORE, check, report
-from bench.proc import command_cpu_seconds, cpu_seconds
+from bench.proc import command_cpu, cpu_seconds, cpu_since
 from tests.support.helpers import adjacent_free_ports
 
 RECEIVERS = ("sqlite", "postgres", "sqlite-fsync", "sqlite-x2", "postgres-x2")
@@ -236,7 +236,7 @@ class Runner:
         try:
             db = self.database_cpu or "postgres" in name
             cpu_before = cpu_seconds(server.pid())
-            db_before = command_cpu_seconds("postgres") if db else 0.0
+            db_before = command_cpu("postgres") if db else {}
             result = run_wrk(
                 f"http://{host}/webhooks",
                 prefix,
@@ -247,7 +247,7 @@ class Runner:
             cpu = cpu_seconds(server.pid()) - cpu_before
             result.cpu_us = cpu * 1e6 / result.requests if result.requests else 0.0
             if db and result.requests:
-                db_cpu = command_cpu_seconds("postgres") - db_before
+                db_cpu = cpu_since(db_before, command_cpu("postgres"))
                 result.db_cpu_us = db_cpu * 1e6 / result.requests
         finally:
             for path in self.pool_dir.glob(f"{prefix.name}-*.bin"):
