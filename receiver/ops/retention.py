@@ -2,9 +2,10 @@
 steps, the ledgers' rows older than ``[store].ledger_retention_days`` too (once their event is
 gone), and the space they held is given back (SQLite's incremental vacuum).
 
-Each step is one short transaction (:meth:`~receiver.store.base.Store.prune_step`) sized to take
-about :data:`STEP_SECONDS`; after each, the loop waits long enough that steps take at most
-:data:`SHARE` of the time. A backlog of millions of expired events (a first start after a long
+Each step is one short transaction (:meth:`~receiver.store.base.Store.prune_step`) sized to hold
+the writer about :data:`STEP_SECONDS`; after each, the loop waits long enough that steps hold it
+at most :data:`SHARE` of the time (the wait for its turn behind intake's groups is not counted,
+or under load every step would shrink to nothing). A backlog of millions of expired events (a first start after a long
 outage, a shorter retention) is then worked off over minutes or hours while intake waits for at
 most one short step at a time, instead of one long prune holding the writer. Once nothing is
 left to prune, free pages beyond :data:`KEEP_FREE_BYTES` (which new rows would reuse anyway) are
@@ -165,5 +166,5 @@ class Retention:
         return total
 
     async def _pause(self, took: float) -> None:
-        """Wait so that steps take at most :data:`SHARE` of the time."""
+        """Wait so that steps hold the writer at most :data:`SHARE` of the time."""
         await asyncio.sleep(max(took * (1 / SHARE - 1), 0.001))
