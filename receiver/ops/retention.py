@@ -4,10 +4,12 @@ gone), and the space they held is given back (SQLite's incremental vacuum).
 
 Each step is one short transaction (:meth:`~receiver.store.base.Store.prune_step`) sized to hold
 the writer about :data:`STEP_SECONDS`; after each, the loop waits long enough that steps hold it
-at most :data:`SHARE` of the time (the wait for its turn behind intake's groups is not counted,
-or under load every step would shrink to nothing). A backlog of millions of expired events (a first start after a long
-outage, a shorter retention) is then worked off over minutes or hours while intake waits for at
-most one short step at a time, instead of one long prune holding the writer. Once nothing is
+at most :data:`SHARE` of the time while webhooks arrive, :data:`IDLE_SHARE` while none do (the
+wait for its turn behind intake's groups is not counted in a step's time, or under load every
+step would shrink to nothing; that it waited says intake is busy). A backlog of millions of
+expired events (a first start after a long outage, a shorter retention) is then worked off over
+minutes or hours while intake waits for at most one short step at a time, instead of one long
+prune holding the writer. Once nothing is
 left to prune, free pages beyond :data:`KEEP_FREE_BYTES` (which new rows would reuse anyway) are
 given back in steps paced the same way.
 
@@ -31,8 +33,13 @@ from receiver.store.retention_timing import Timing
 
 log = get_logger("receiver.retention")
 
-#: The share of the time pruning and vacuuming may hold the writer (it is free the rest of it).
-SHARE = 0.1
+#: The share of the time pruning and vacuuming may hold the writer while webhooks arrive (the
+#: last step waited for its turn behind intake, or this process took webhooks meanwhile), and
+#: while nothing else writes: a backlog goes quickly on a quiet inbox, slowly under load.
+SHARE = 0.05
+IDLE_SHARE = 0.3
+#: Webhooks a second (in this process) from which intake counts as busy.
+BUSY_RATE = 20.0
 #: What one step aims to take; its size in events (or pages) follows what the last one took.
 STEP_SECONDS = 0.02
 FIRST_STEP_EVENTS = 100
@@ -72,6 +79,7 @@ class Retention:
         self._events = FIRST_STEP_EVENTS
         self._pages = FIRST_STEP_PAGES
         self._vacuum_said = False
+        self._seen = (self._accepted(), time.monotonic())  # webhooks accepted, when
 
     async def run(self) -> None:
         while True:
@@ -96,15 +104,17 @@ class Retention:
         total = 0
         while True:
             size = self._events
+            step_started = time.monotonic()
             # Sized and paced by the time the step held the writer, not the time it waited
             # for its turn behind intake's groups (which under load is most of it).
             deleted, held = await self._store.prune_step(older_than=older_than, limit=size)
+            waited = time.monotonic() - step_started - held
             total += deleted
             self._metrics.inbox_pruned.inc(deleted)
             if deleted < size:
                 break
             self._events = next_size(size, held, least=10, most=MAX_STEP_EVENTS)
-            await self._pause(held)
+            await self._pause(held, contended=waited > held)
         if total:
             seconds = time.monotonic() - started
             log.info(
@@ -165,6 +175,17 @@ class Retention:
             log.info("gave free inbox space back to the file system", bytes=total)
         return total
 
-    async def _pause(self, took: float) -> None:
-        """Wait so that steps hold the writer at most :data:`SHARE` of the time."""
-        await asyncio.sleep(max(took * (1 / SHARE - 1), 0.001))
+    async def _pause(self, took: float, *, contended: bool = False) -> None:
+        """Wait so that steps hold the writer at most :data:`SHARE` of the time while intake is
+        busy (``contended``: the step waited for its turn; or webhooks arrive in this process
+        since the last pause), :data:`IDLE_SHARE` while it is not."""
+        accepted = self._accepted()
+        now = time.monotonic()
+        rate = (accepted - self._seen[0]) / max(now - self._seen[1], 1e-3)
+        self._seen = (accepted, now)
+        share = SHARE if contended or rate >= BUSY_RATE else IDLE_SHARE
+        await asyncio.sleep(max(took * (1 / share - 1), 0.001))
+        self._seen = (self._accepted(), time.monotonic())
+
+    def _accepted(self) -> float:
+        return self._metrics.webhook_requests.labels("accepted").get()
