@@ -48,6 +48,9 @@ FIRST_STEP_PAGES = 64
 MAX_STEP_PAGES = 4096
 #: Free pages kept inside the file: new rows reuse them, giving them back would only grow it again.
 KEEP_FREE_BYTES = 8 * 1024 * 1024
+#: During a long prune, free space is given back (Postgres without autovacuum: vacuumed) after
+#: this many events too, not only once the backlog is gone.
+RECLAIM_EVERY_EVENTS = 100_000
 #: After a store error, the cycle is tried again this much later (a full disk, an outage).
 RETRY_SECONDS = 30.0
 
@@ -113,6 +116,10 @@ class Retention:
             self._metrics.inbox_pruned.inc(deleted)
             if deleted < size:
                 break
+            if total // RECLAIM_EVERY_EVENTS > (total - deleted) // RECLAIM_EVERY_EVENTS:
+                # A long backlog: give back (or, on Postgres without autovacuum, vacuum) as it
+                # goes, not only at its end.
+                await self.reclaim()
             self._events = next_size(size, held, least=10, most=MAX_STEP_EVENTS)
             await self._pause(held, contended=waited > held)
         if total:

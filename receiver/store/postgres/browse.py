@@ -25,9 +25,14 @@ class PostgresBrowse(BrowseSql):
     )
 
     # One short statement per batch; rows someone is working on are left for the next run.
+    # Oldest first, through events_state_received: without the order the planner may read the
+    # table from its start, where every row an earlier step deleted still lies until VACUUM
+    # passes, so each step read more than the last (a million expired events: from 1,000 to
+    # under 100 a second).
     PRUNE_BATCH = """
 DELETE FROM events WHERE id IN (
     SELECT id FROM events WHERE state = 'done' AND received_at < :older_than
+    ORDER BY state, received_at
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
 )

@@ -27,7 +27,8 @@ class SqliteBrowse(BrowseSql):
     # Deliveries go with their event (ON DELETE CASCADE).
     PRUNE_BATCH = """
 DELETE FROM events WHERE id IN (
-    SELECT id FROM events WHERE state = 'done' AND received_at < :older_than LIMIT :limit
+    SELECT id FROM events WHERE state = 'done' AND received_at < :older_than
+    ORDER BY state, received_at LIMIT :limit
 )
 """
 
