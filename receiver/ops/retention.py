@@ -25,7 +25,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from receiver.errors import StoreError
+from receiver.errors import StoreError, StoreUnavailable
 from receiver.logs import get_logger
 from receiver.observe.metrics import Metrics
 from receiver.store.base import Store
@@ -43,7 +43,8 @@ BUSY_RATE = 20.0
 #: What one step aims to take; its size in events (or pages) follows what the last one took.
 STEP_SECONDS = 0.02
 FIRST_STEP_EVENTS = 100
-MAX_STEP_EVENTS = 5000
+MIN_STEP_EVENTS = 10
+MAX_STEP_EVENTS = 2000
 FIRST_STEP_PAGES = 64
 MAX_STEP_PAGES = 4096
 #: Free pages kept inside the file: new rows reuse them, giving them back would only grow it again.
@@ -51,6 +52,9 @@ KEEP_FREE_BYTES = 8 * 1024 * 1024
 #: During a long prune, free space is given back (Postgres without autovacuum: vacuumed) after
 #: this many events too, not only once the backlog is gone.
 RECLAIM_EVERY_EVENTS = 100_000
+#: The longest pause between two steps (one slow step, on a cold cache, would otherwise stop
+#: the loop for minutes).
+MAX_PAUSE_SECONDS = 2.0
 #: After a store error, the cycle is tried again this much later (a full disk, an outage).
 RETRY_SECONDS = 30.0
 
@@ -110,7 +114,17 @@ class Retention:
             step_started = time.monotonic()
             # Sized and paced by the time the step held the writer, not the time it waited
             # for its turn behind intake's groups (which under load is most of it).
-            deleted, held = await self._store.prune_step(older_than=older_than, limit=size)
+            try:
+                deleted, held = await self._store.prune_step(older_than=older_than, limit=size)
+            except StoreUnavailable:
+                # A step too large for a loaded database (it ran past store.timeout_seconds):
+                # rolled back whole; go on with smaller ones, or give up for now if even those
+                # fail.
+                if size <= MIN_STEP_EVENTS:
+                    raise
+                self._events = max(MIN_STEP_EVENTS, size // 4)
+                await asyncio.sleep(MAX_PAUSE_SECONDS)
+                continue
             waited = time.monotonic() - step_started - held
             total += deleted
             self._metrics.inbox_pruned.inc(deleted)
@@ -120,7 +134,7 @@ class Retention:
                 # A long backlog: give back (or, on Postgres without autovacuum, vacuum) as it
                 # goes, not only at its end.
                 await self.reclaim()
-            self._events = next_size(size, held, least=10, most=MAX_STEP_EVENTS)
+            self._events = next_size(size, held, least=MIN_STEP_EVENTS, most=MAX_STEP_EVENTS)
             await self._pause(held, contended=waited > held)
         if total:
             seconds = time.monotonic() - started
@@ -191,7 +205,7 @@ class Retention:
         rate = (accepted - self._seen[0]) / max(now - self._seen[1], 1e-3)
         self._seen = (accepted, now)
         share = SHARE if contended or rate >= BUSY_RATE else IDLE_SHARE
-        await asyncio.sleep(max(took * (1 / share - 1), 0.001))
+        await asyncio.sleep(min(max(took * (1 / share - 1), 0.001), MAX_PAUSE_SECONDS))
         self._seen = (self._accepted(), time.monotonic())
 
     def _accepted(self) -> float:

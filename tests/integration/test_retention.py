@@ -13,6 +13,7 @@ import asyncpg
 import pytest
 
 from receiver.config.settings import StoreSettings
+from receiver.errors import StoreUnavailable
 from receiver.observe.metrics import Metrics
 from receiver.ops import retention
 from receiver.ops.retention import Retention, next_size
@@ -252,3 +253,23 @@ async def test_on_a_postgres_server_without_autovacuum_the_cycle_vacuums_what_it
         finally:
             await conn.close()
             await store.close()
+
+
+async def test_a_step_the_database_could_not_finish_in_time_is_taken_again_smaller() -> None:
+    """Past store.timeout_seconds a step is rolled back whole (StoreUnavailable): the loop goes
+    on with steps a quarter the size instead of giving up the cycle."""
+
+    class Overloaded(StepsSeen):
+        async def prune_step(self, *, older_than: float, limit: int) -> PruneStep:
+            if limit > 150 and -limit not in self.limits:  # once, for the first large step
+                self.limits.append(-limit)
+                raise StoreUnavailable("the inbox did not answer within 5 s")
+            return await super().prune_step(older_than=older_than, limit=limit)
+
+    store = Overloaded(step_seconds=0.0, wait_seconds=0.0)
+    await store.open()
+    for i in range(500):
+        await store.add_event(new_event(f"old-{i}", received_at=T0, sinks=()))
+
+    assert await loop(store).prune() == 500
+    assert store.limits[:4] == [100, -200, 50, 100], store.limits
