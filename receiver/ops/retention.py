@@ -43,7 +43,9 @@ BUSY_RATE = 20.0
 #: What one step aims to take; its size in events (or pages) follows what the last one took.
 STEP_SECONDS = 0.02
 FIRST_STEP_EVENTS = 100
-MIN_STEP_EVENTS = 10
+#: No smaller: a step has a cost of its own (a round trip, a plan, the cascades' triggers), and
+#: below this a loaded Postgres spent a step's time on that alone, pruning tens a second.
+MIN_STEP_EVENTS = 100
 MAX_STEP_EVENTS = 2000
 FIRST_STEP_PAGES = 64
 MAX_STEP_PAGES = 4096
