@@ -121,6 +121,10 @@ class Sender:
         sent = 0
         while not self._stop.is_set():
             replica = self.rotation[sent % len(self.rotation)]
+            # Counted in flight from now, not from when the task first runs: a replica taken
+            # out of the rotation is stopped once none is in flight, and a task created just
+            # before may not have started yet (on a loaded machine, several of them).
+            replica.in_flight += 1
             task = asyncio.create_task(self._post(replica, self.upstream.add_job("image")))
             self._posts.add(task)
             task.add_done_callback(self._posts.discard)
@@ -136,13 +140,13 @@ class Sender:
         self._stop.set()
 
     async def _post(self, replica: Replica, payload: dict[str, Any]) -> None:
+        """Post ``payload`` to ``replica`` (counted in flight by :meth:`run`, until answered)."""
         answer = Answer(replica.name, time.monotonic())
         self.answers[payload["id"]] = answer
         self.jobs[payload["id"]] = payload["job_id"]
-        body, headers = signed(payload, SECRET)
         url = f"http://127.0.0.1:{replica.proc.public_port}/webhooks"
-        replica.in_flight += 1
         try:
+            body, headers = signed(payload, SECRET)
             async with self.session.post(url, data=body, headers=headers) as response:
                 await response.read()
                 answer.status = response.status
