@@ -321,15 +321,16 @@ async def test_disk_full_during_a_vacuum(
             reclaim = store.reclaim_space
             vacuum: list[BaseException | int] = []
 
-            def truncate_wal_then_fill() -> None:
-                # The WAL emptied first: the vacuum's pages need new space to be written.
+            def truncate_wal_then_fill(name: str) -> None:
+                # The WAL emptied first: what is written next needs new space (a WAL that
+                # keeps its size takes commits into it, rightly, even on a full disk).
                 with closing(sqlite3.connect(db, timeout=5)) as conn:
                     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
-                fillers.append(fill(fs))
+                fillers.append(fill(fs, name))
 
             async def filling_first(*, max_pages: int) -> int:
                 if not fillers:  # the disk fills as the vacuum begins
-                    await asyncio.to_thread(truncate_wal_then_fill)
+                    await asyncio.to_thread(truncate_wal_then_fill, "filler")
                 return await reclaim(max_pages=max_pages)
 
             monkeypatch.setattr(store, "reclaim_space", filling_first)
@@ -339,7 +340,9 @@ async def test_disk_full_during_a_vacuum(
                     vacuum.append(await loop.reclaim())
                 except StoreError as exc:
                     vacuum.append(exc)
-                fillers.append(await asyncio.to_thread(fill, fs, "more"))  # and it stays full
+                # And it stays full: whatever filled it takes what the vacuum's attempt left
+                # in the WAL, and what intake's commits into it meanwhile gave back.
+                await asyncio.to_thread(truncate_wal_then_fill, "more")
                 # Readable all the while.
                 assert (await store.counts())[0]["pending"] >= 0
 
