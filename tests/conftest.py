@@ -93,3 +93,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         )
         if shared:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+@pytest.fixture(scope="session")
+def jetstream_anchor() -> Iterator[str | None]:
+    """A JetStream stream held for the session (tests.support.jetstream): request it in every
+    fixture or test that creates and deletes streams."""
+    from tests.support.jetstream import anchor_stream
+
+    with anchor_stream() as name:
+        yield name

@@ -25,7 +25,7 @@ def nats_sink(url=NATS_URL, **options):
 
 
 @pytest.fixture
-async def js():
+async def js(jetstream_anchor):
     """A JetStream context for the test's own checks; deletes the streams it is told of."""
     require_service("NATS", "127.0.0.1", 4222)
     client = await nats.connect(NATS_URL)

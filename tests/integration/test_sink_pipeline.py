@@ -259,7 +259,9 @@ async def test_event_and_job_type_filters(receiver, upstream, captures):
     assert len(everything.requests) == 3
 
 
-async def test_every_sink_type_receives_the_event(receiver, upstream, captures, tmp_path):
+async def test_every_sink_type_receives_the_event(
+    receiver, upstream, captures, tmp_path, jetstream_anchor
+):
     require_service("Redis", "127.0.0.1", 6379)
     require_service("RabbitMQ", "127.0.0.1", 5672)
     require_service("NATS", "127.0.0.1", 4222)
