@@ -178,8 +178,13 @@ REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 # Read once: a commit made while the image builds must not change it.
 REVISION := $(REVISION)
 SOURCE_URL ?=
+# The labels also as --label: podman reuses a cached LABEL step when only a build argument it
+# reads changed, which would leave the previous build's revision on the image.
 IMAGE_LABELS = --build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) \
-	$(if $(SOURCE_URL),--build-arg SOURCE_URL=$(SOURCE_URL))
+	$(if $(SOURCE_URL),--build-arg SOURCE_URL=$(SOURCE_URL)) \
+	--label org.opencontainers.image.version=$(VERSION) \
+	--label org.opencontainers.image.revision=$(REVISION) \
+	$(if $(SOURCE_URL),--label org.opencontainers.image.source=$(SOURCE_URL))
 
 .PHONY: image-tools image image-test
 image-tools:  ## podman, buildah and debootstrap, from Debian, only when missing
