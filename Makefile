@@ -258,6 +258,10 @@ bench-profile: $(VENV)/.installed-bench bench-tools  ## py-spy on the receiver s
 bench-scale: $(VENV)/.installed-bench bench-tools  ## intake with 1M events stored vs empty (SQLite, Postgres); drain 100k
 	$(BIN)/python -m bench.scale $(BENCH_ARGS)
 
+.PHONY: bench-sqlite-layouts
+bench-sqlite-layouts: $(VENV)/.installed-bench  ## intake's transaction outside the receiver, empty vs 1M stored, for SQLite layouts (deliveries by arrival, no job index, 2 KiB pages)
+	$(BIN)/python -m bench.scale.sqlite_layouts $(BENCH_ARGS)
+
 bench-e2e: $(VENV)/.installed-bench  ## events/s against a 100 ms upstream vs the concurrency bound
 	$(BIN)/python -m bench.e2e $(BENCH_ARGS)
 

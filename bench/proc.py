@@ -77,3 +77,26 @@ def open_fds(pid: int) -> tuple[int, int]:
         with contextlib.suppress(OSError):
             sockets += os.readlink(f"{directory}/{name}").startswith("socket:")
     return len(names), sockets
+
+
+def socket_ports(pid: int) -> list[tuple[int, int]]:
+    """(local port, remote port) of each TCP socket the process holds open (IPv4 and IPv6;
+    a listening socket's remote port is 0). Read from /proc/PID/net/tcp{,6}, matched to the
+    process's descriptors by inode."""
+    inodes: set[str] = set()
+    with contextlib.suppress(OSError):
+        for name in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/{pid}/fd/{name}")
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+    ports: list[tuple[int, int]] = []
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+                fields = line.split()
+                if len(fields) > 9 and fields[9] in inodes:
+                    local = int(fields[1].rpartition(":")[2], 16)
+                    remote = int(fields[2].rpartition(":")[2], 16)
+                    ports.append((local, remote))
+    return ports

@@ -39,6 +39,7 @@ import csv
 import sys
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from bench.common import (
     WEBHOOK_PATH,
@@ -112,6 +113,7 @@ async def soak_store(
         cwd=directory,
         env={**env, RETENTION_ENV: f"{args.retention:g}"},
     )
+    pg_port = (urlsplit(POSTGRES_URL).port or 5432) if store == "postgres" else None
     seconds = args.minutes * 60
     print(f"\n  {store}: {directory}" + (f", schema {schema}" if schema else ""))
     try:
@@ -125,6 +127,7 @@ async def soak_store(
             metrics_url=f"http://127.0.0.1:{admin_port}/metrics",
             traffic=traffic,
             loop_name=args.loop,
+            ports={"webhooks": port, "admin": admin_port, "upstream": stub_port, "db": pg_port},
             pg=pg,
             schema=schema,
         )

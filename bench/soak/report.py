@@ -13,7 +13,7 @@ from typing import Any
 from bench.common import Table
 from bench.soak.figures import bloat, counts, na
 from bench.soak.postgres_stats import PG_TABLES, autovacuum_settings, table_options
-from bench.soak.samples import Sample, Sampler
+from bench.soak.samples import Sample, Sampler, sockets
 from bench.soak.sqlite_stats import inbox_tables
 from receiver.store.retention_timing import BENCH_ENV as RETENTION_ENV
 
@@ -96,6 +96,9 @@ def report(
             f"  {label:<6} t={s.t:.0f} s: {s.note}; os.getloadavg() {s.load1:.2f} "
             f"{s.load5:.2f} {s.load15:.2f}"
         )
+    print()
+    for label, s in chosen.items():
+        print(f"  {label:<6} sockets by peer: {sockets(s)}")
     middle, end = chosen["middle"], chosen["end"]
     verdicts = [
         level(f"{store} {size_name}", middle.size, end.size),

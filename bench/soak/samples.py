@@ -13,7 +13,7 @@ import aiohttp
 
 from bench import metrics
 from bench.common import machine_note
-from bench.proc import open_fds, rss_mb
+from bench.proc import open_fds, rss_mb, socket_ports
 from bench.soak.figures import bloat, mib, na
 from bench.soak.postgres_stats import PG_TABLES, pg_tables
 from bench.soak.traffic import Traffic
@@ -39,6 +39,14 @@ class Sample:
     rss_mib: float
     fds: int
     fds_sockets: int
+    #: The sockets by peer: webhooks and admin (connections to the receiver's ports, held by
+    #: the sender's and the sampler's pools), upstream (to the stub: the upstream API and the
+    #: http sink), db (to PostgreSQL), other (listening sockets among them).
+    sockets_webhooks: int = 0
+    sockets_admin: int = 0
+    sockets_upstream: int = 0
+    sockets_db: int = 0
+    sockets_other: int = 0
     events: int | None = None
     pending: int | None = None
     done: int | None = None
@@ -112,6 +120,14 @@ def read_pg(tables: dict[str, dict[str, Any]], sample: Sample) -> None:
         setattr(sample, f"pg_{name}_last_autovacuum", last.isoformat() if last else None)
 
 
+def sockets(s: Sample) -> str:
+    """A sample's sockets by peer, e.g. ``webhooks 40, admin 1, upstream 12, db 10, other 2``."""
+    return (
+        f"webhooks {s.sockets_webhooks}, admin {s.sockets_admin}, upstream {s.sockets_upstream}, "
+        f"db {s.sockets_db}, other {s.sockets_other}"
+    )
+
+
 def progress(s: Sample) -> str:
     """A sample's line, printed as it is taken."""
     size = mib(s.size)
@@ -124,7 +140,7 @@ def progress(s: Sample) -> str:
         size = f"tables {size} (dead/live {bloat(s.pg_dead, s.pg_live)})"
     return (
         f"{s.t:6.0f} s  sent {s.sent:,}  events {na(s.events)} (pending {na(s.pending)})  "
-        f"{size}  RSS {s.rss_mib:.1f} MiB  fds {s.fds} ({s.fds_sockets} sockets)  "
+        f"{size}  RSS {s.rss_mib:.1f} MiB  fds {s.fds} ({s.fds_sockets} sockets: {sockets(s)})  "
         f"pruned {na(s.pruned_total)}  load {s.load1:.2f}"
     )
 
@@ -141,6 +157,7 @@ class Sampler:
         metrics_url: str,
         traffic: Traffic,
         loop_name: str,
+        ports: dict[str, int | None] | None = None,
         pg: Any = None,
         schema: str | None = None,
     ) -> None:
@@ -150,6 +167,8 @@ class Sampler:
         self.metrics_url = metrics_url
         self.traffic = traffic
         self.loop_name = loop_name
+        #: webhooks, admin (the receiver's ports), upstream (the stub's), db (PostgreSQL's).
+        self.ports = ports or {}
         self.pg = pg
         self.schema = schema
         self.samples: list[Sample] = []
@@ -159,7 +178,7 @@ class Sampler:
     async def take(self, session: aiohttp.ClientSession, t: float) -> Sample:
         load = os.getloadavg()
         traffic = self.traffic
-        fds, sockets = open_fds(self.pid)
+        fds, socket_count = open_fds(self.pid)
         sample = Sample(
             store=self.store,
             t=round(t, 1),
@@ -169,12 +188,13 @@ class Sampler:
             errors=traffic.failed,
             rss_mib=round(rss_mb(self.pid), 1),
             fds=fds,
-            fds_sockets=sockets,
+            fds_sockets=socket_count,
             load1=round(load[0], 2),
             load5=round(load[1], 2),
             load15=round(load[2], 2),
             note=machine_note(self.loop_name),
         )
+        self.count_sockets(sample)
         if self.store == "sqlite":
             sizes = {k: file_size(self.directory / name) for k, name in SQLITE_FILES.items()}
             sample.db_bytes, sample.wal_bytes, sample.shm_bytes = (
@@ -197,6 +217,17 @@ class Sampler:
         self.samples.append(sample)
         print("    " + progress(sample), flush=True)
         return sample
+
+    def count_sockets(self, sample: Sample) -> None:
+        """The receiver's TCP sockets by peer (see :class:`Sample`)."""
+        local = {self.ports.get("webhooks"): "webhooks", self.ports.get("admin"): "admin"}
+        remote = {self.ports.get("upstream"): "upstream", self.ports.get("db"): "db"}
+        for local_port, remote_port in socket_ports(self.pid):
+            name = remote.get(remote_port) if remote_port else None
+            if remote_port and name is None:
+                name = local.get(local_port)
+            attribute = f"sockets_{name or 'other'}"
+            setattr(sample, attribute, getattr(sample, attribute) + 1)
 
     async def run(self, every: float, seconds: float, sender: asyncio.Task[None]) -> None:
         """A sample at 0, every ``every`` seconds, and once the traffic has ended."""

@@ -1,0 +1,224 @@
+"""What the SQLite inbox's layout costs an event as the inbox grows, outside the receiver.
+
+Intake's transaction as the receiver writes it (receiver.store.sqlite.intake: its one look for
+stored ids and outcomes, then one multi-row INSERT a table: job outcomes, events, deliveries),
+groups of 32 events, ``synchronous = FULL``, WAL with a passive checkpoint every ``--checkpoint``
+groups (the receiver's is every 500 events: 16 groups), on an empty file and on one holding
+``--stored`` events (1,000,000). Each layout is the receiver's schema changed one way:
+
+- ``current``: the schema as it is (four B-trees keyed by random ids a new event writes to: the
+  event id, the job id, the delivery's (event id, sink) and the job outcome);
+- ``deliveries-by-arrival``: deliveries keyed by (the event's rowid, sink), in arrival order;
+- ``and-no-job-index``: that, and no index by job id (what the inbox page's and
+  ``redeliver --job``'s lookups use);
+- ``page-2048``: the current schema with 2 KiB pages instead of 4 KiB.
+
+Reported: CPU time and wall time an event, empty and stored, and stored / empty (the best of two
+passes each). Every file is built in ``--dir`` (about 1.6 GB a layout) and removed after::
+
+    python -m bench.scale.sqlite_layouts [--stored 1000000] [--groups 400] [--checkpoint 16]
+        [--layouts current,deliveries-by-arrival,...] [--dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sqlite3
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.common import Table, machine_note, webhook_body
+from receiver.store.sqlite.intake import (
+    EVENT_ROW,
+    INSERT_EVENTS_HEAD,
+    ROWS_PER_STATEMENT,
+    SELECT_STORED,
+)
+from receiver.store.sqlite.pull import INSERT_OUTCOMES_HEAD, OUTCOME_ROW
+from receiver.store.sqlite.schema import MIGRATIONS
+
+GROUP = 32
+FILL_CHUNK = 20_000
+
+# Deliveries keyed by the event's rowid (arrival order), with the same indexes as the schema's.
+BY_ARRIVAL = (
+    "DROP INDEX deliveries_due",
+    "DROP INDEX deliveries_dead",
+    "DROP INDEX deliveries_failing",
+    "DROP INDEX deliveries_dead_groups",
+    "DROP TABLE deliveries",
+    """CREATE TABLE deliveries (
+        event_seq INTEGER NOT NULL, sink TEXT NOT NULL, state TEXT NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0, next_attempt_at REAL, last_error TEXT,
+        updated_at REAL NOT NULL, lease_owner TEXT, lease_expires_at REAL,
+        PRIMARY KEY (event_seq, sink)) WITHOUT ROWID""",
+    "CREATE INDEX deliveries_due ON deliveries (sink, next_attempt_at, event_seq) "
+    "WHERE state = 'pending'",
+    "CREATE INDEX deliveries_dead ON deliveries (event_seq) WHERE state = 'dead'",
+    "CREATE INDEX deliveries_failing ON deliveries (updated_at) WHERE last_error IS NOT NULL",
+    "CREATE INDEX deliveries_dead_groups ON deliveries (sink, last_error, updated_at, state) "
+    "WHERE state = 'dead'",
+)
+LAYOUTS: dict[str, tuple[int, tuple[str, ...]]] = {
+    "current": (4096, ()),
+    "deliveries-by-arrival": (4096, BY_ARRIVAL),
+    "and-no-job-index": (4096, (*BY_ARRIVAL, "DROP INDEX events_job")),
+    "page-2048": (2048, ()),
+}
+DELIVERY_HEAD = (
+    "INSERT INTO deliveries ({key}, sink, state, attempts, next_attempt_at, last_error, "
+    "updated_at) VALUES "
+)
+DELIVERY_ROW = "(?, ?, 'pending', 0, ?, NULL, ?)"
+DELIVERY_ROW_BY_ARRIVAL = "((SELECT rowid FROM events WHERE id = ?), ?, 'pending', 0, ?, NULL, ?)"
+
+Rows = list[tuple[Any, ...]]
+
+
+def create(path: Path, layout: str) -> sqlite3.Connection:
+    page_size, changes = LAYOUTS[layout]
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute(f"PRAGMA page_size = {page_size}")
+    conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
+    conn.execute("PRAGMA journal_mode = WAL")
+    for statement in (*(s for m in MIGRATIONS for s in m), *changes):
+        conn.execute(statement)
+    return conn
+
+
+def group_rows(token: str, count: int, at: float, state: str) -> tuple[Rows, Rows, Rows]:
+    """``count`` events (the benchmarks' ~800-byte bodies with random UUID ids), a delivery
+    each to one sink and their job outcomes."""
+    events: Rows = []
+    deliveries: Rows = []
+    outcomes: Rows = []
+    for n in range(count):
+        body = webhook_body(f"{token}-{n}")
+        doc = json.loads(body)
+        event_id, job_id = doc["id"], doc["job_id"]
+        events.append((event_id, "job.completed", job_id, body, "{}", at, state, None, None))
+        deliveries.append((event_id, "files", at, at))
+        outcomes.append((f"{job_id} completed", event_id, "webhook", at))
+    return events, deliveries, outcomes
+
+
+def insert(conn: sqlite3.Connection, head: str, row: str, rows: Sequence[tuple[Any, ...]]) -> None:
+    for start in range(0, len(rows), ROWS_PER_STATEMENT):
+        chunk = rows[start : start + ROWS_PER_STATEMENT]
+        conn.execute(head + ", ".join([row] * len(chunk)), [v for r in chunk for v in r])
+
+
+def write_group(conn: sqlite3.Connection, layout: str, rows: tuple[Rows, Rows, Rows]) -> None:
+    events, deliveries, outcomes = rows
+    by_arrival = "event_seq" in " ".join(LAYOUTS[layout][1])
+    conn.execute("BEGIN IMMEDIATE")
+    ids = json.dumps([e[0] for e in events])
+    conn.execute(SELECT_STORED, (ids, json.dumps([o[0] for o in outcomes]))).fetchall()
+    insert(conn, INSERT_OUTCOMES_HEAD, OUTCOME_ROW, outcomes)
+    insert(conn, INSERT_EVENTS_HEAD, EVENT_ROW, events)
+    key = "event_seq" if by_arrival else "event_id"
+    row = DELIVERY_ROW_BY_ARRIVAL if by_arrival else DELIVERY_ROW
+    insert(conn, DELIVERY_HEAD.format(key=key), row, deliveries)
+    conn.execute("COMMIT")
+
+
+def fill(conn: sqlite3.Connection, layout: str, stored: int) -> None:
+    conn.execute("PRAGMA synchronous = OFF")
+    at = time.time() - 86_400
+    for start in range(0, stored, FILL_CHUNK):
+        count = min(FILL_CHUNK, stored - start)
+        write_group(conn, layout, group_rows(f"stored{start}", count, at, "done"))
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+
+def measure(conn: sqlite3.Connection, layout: str, groups: int, every: int) -> tuple[float, float]:
+    """CPU and wall time an event (µs) over ``groups`` groups written as intake writes them."""
+    conn.execute("PRAGMA synchronous = FULL")
+    conn.execute("PRAGMA wal_autocheckpoint = 0")
+    conn.execute("PRAGMA temp_store = MEMORY")
+    token = f"new{time.time_ns()}"
+    data = [group_rows(f"{token}-{g}", GROUP, time.time(), "pending") for g in range(groups)]
+    cpu, wall = time.process_time(), time.perf_counter()
+    for g, rows in enumerate(data):
+        write_group(conn, layout, rows)
+        if g % every == every - 1:
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+    events = groups * GROUP
+    return (time.process_time() - cpu) / events * 1e6, (time.perf_counter() - wall) / events * 1e6
+
+
+def run_layout(layout: str, args: argparse.Namespace, work: Path) -> list[object]:
+    full = work / f"{layout}-stored.db"
+    started = time.perf_counter()
+    with create(full, layout) as conn:
+        fill(conn, layout, args.stored)
+    conn.close()
+    print(f"  {layout}: {args.stored:,} events stored in {time.perf_counter() - started:.0f} s")
+    passes: dict[str, list[tuple[float, float]]] = {"empty": [], "stored": []}
+    for _ in range(2):
+        for name in passes:
+            path = work / "measured.db"
+            if name == "empty":
+                conn = create(path, layout)
+            else:
+                for suffix in ("-wal", "-shm"):
+                    Path(f"{path}{suffix}").unlink(missing_ok=True)
+                shutil.copyfile(full, path)
+                conn = sqlite3.connect(path, isolation_level=None)
+                conn.execute("PRAGMA journal_mode = WAL")
+            passes[name].append(measure(conn, layout, args.groups, args.checkpoint))
+            conn.close()
+    full.unlink()
+    empty_cpu, empty_wall = (min(p[i] for p in passes["empty"]) for i in (0, 1))
+    stored_cpu, stored_wall = (min(p[i] for p in passes["stored"]) for i in (0, 1))
+    return [
+        layout,
+        f"{empty_cpu:.0f}",
+        f"{stored_cpu:.0f}",
+        f"+{stored_cpu - empty_cpu:.0f}",
+        f"{empty_wall:.0f}",
+        f"{stored_wall:.0f}",
+        f"{empty_wall / stored_wall:.2f}x",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--stored", type=int, default=1_000_000)
+    parser.add_argument("--groups", type=int, default=400, help="groups of 32 measured")
+    parser.add_argument("--checkpoint", type=int, default=16, help="groups between checkpoints")
+    parser.add_argument("--layouts", default=",".join(LAYOUTS))
+    parser.add_argument("--dir", type=Path, default=None, help="where the files are built")
+    args = parser.parse_args(argv)
+    layouts = [name for name in args.layouts.split(",") if name]
+    if unknown := set(layouts) - set(LAYOUTS):
+        parser.error(f"unknown layouts: {', '.join(sorted(unknown))}")
+    print(f"bench sqlite layouts: {machine_note('asyncio')}")
+    table = Table(
+        [
+            "layout",
+            "CPU µs empty",
+            "CPU µs stored",
+            "grows by",
+            "wall µs empty",
+            "wall µs stored",
+            "stored / empty (wall)",
+        ]
+    )
+    with tempfile.TemporaryDirectory(prefix="receiver-layouts-", dir=args.dir) as work:
+        for layout in layouts:
+            table.add(*run_layout(layout, args, Path(work)))
+    print("\n" + table.render())
+    print(f"\n  {machine_note('asyncio')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
