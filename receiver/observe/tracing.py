@@ -137,10 +137,13 @@ class Tracing:
             resource=Resource.create({"service.name": name, "service.version": __version__}),
             sampler=ParentBased(root=TraceIdRatioBased(settings.sample_ratio)),
         )
+        self._exporter: SpanExporter | None = None
         if processor is None:
-            exporter = exporter_for(settings)
-            processor = batch_processor(exporter) if exporter is not None else None
+            self._exporter = exporter_for(settings)
+            processor = batch_processor(self._exporter) if self._exporter is not None else None
         self._processor = processor
+        #: The thread :meth:`shutdown` sends the last spans from (None before it is called).
+        self.shutdown_thread: threading.Thread | None = None
         if processor is not None:
             self.provider.add_span_processor(processor)
         self.tracer = self.provider.get_tracer("receiver", __version__)
@@ -154,7 +157,9 @@ class Tracing:
 
     async def shutdown(self, timeout: float) -> None:
         """Send what is queued, for ``timeout`` seconds at most, in a thread of its own (a
-        collector that never answers cannot hold the process)."""
+        collector that never answers cannot hold the process). Past the timeout the rest is
+        given up: the exporter is stopped, so it makes no further attempt (the SDK would
+        otherwise retry each remaining batch for its whole export timeout, in the background)."""
         remove_processor(add_trace_ids)
         done = asyncio.get_running_loop().create_future()
 
@@ -164,9 +169,14 @@ class Tracing:
             with contextlib.suppress(RuntimeError):
                 done.get_loop().call_soon_threadsafe(_resolve, done)
 
-        threading.Thread(target=run, name="tracing-shutdown", daemon=True).start()
-        with contextlib.suppress(TimeoutError):
+        self.shutdown_thread = threading.Thread(target=run, name="tracing-shutdown", daemon=True)
+        self.shutdown_thread.start()
+        try:
             await asyncio.wait_for(asyncio.shield(done), timeout)
+        except TimeoutError:
+            if self._exporter is not None:
+                with contextlib.suppress(Exception):
+                    self._exporter.shutdown()
 
     # -- the webhook request ---------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from receiver.app import Runtime
 from receiver.config.settings import TracingSettings
-from receiver.observe.tracing import MAX_QUEUED_SPANS
+from receiver.observe.tracing import EXPORT_TIMEOUT_SECONDS, MAX_QUEUED_SPANS
 from tests.support.helpers import wait_for
 from tests.support.receivers import captures, http, send, settings_for, settled, upstream
 
@@ -91,6 +91,13 @@ async def exporting(aiohttp_server, aiohttp_client, tmp_path, upstream):
     for runtime, collector in opened:
         collector.release.set()
         await runtime.close()
+        # Nothing of the exporter outlives the receiver's close by more than a last request in
+        # flight: a thread still retrying would call the global `random` (the SDK's backoff
+        # jitter) while a later test of this process runs, Hypothesis's among them.
+        assert runtime.tracing is not None and runtime.tracing.shutdown_thread is not None
+        thread = runtime.tracing.shutdown_thread
+        await asyncio.to_thread(thread.join, EXPORT_TIMEOUT_SECONDS + 5)
+        assert not thread.is_alive(), "the tracing shutdown thread still runs after close"
 
 
 async def test_the_trace_reaches_an_otlp_collector(exporting, upstream, captures):

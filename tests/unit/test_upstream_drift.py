@@ -351,11 +351,6 @@ def _places(node: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     return found
 
 
-# Hypothesis warns when the global ``random`` state changes while it draws; nothing here uses
-# it, but another thread of a test process that ran other tests before may (seen once in CI:
-# the warning, an error under this suite's filters, then aborted the draw and made the
-# example look flaky). What is drawn does not depend on that state.
-@pytest.mark.filterwarnings("ignore:Do not use the `random` module inside strategies")
 @settings(max_examples=150, deadline=None)
 @given(st.data())
 def test_a_damaged_document_is_compared_or_refused_in_one_line(data: st.DataObject) -> None:
