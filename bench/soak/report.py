@@ -28,9 +28,11 @@ def csv_row(sample: Sample) -> dict[str, Any]:
 
 def pick(samples: list[Sample], retention: float) -> dict[str, Sample] | None:
     """Start (the first sample after one full retention period), middle (the sample nearest
-    halfway from the start to the end) and end (the last sample); None before any steady one."""
-    end = samples[-1]
-    steady = [s for s in samples if s.t >= retention]
+    halfway from the start to the end) and end (the last sample taken while the traffic ran:
+    the one after it sees the sender's connections closed); None before any steady one."""
+    running = [s for s in samples if s.during_traffic] or samples
+    end = running[-1]
+    steady = [s for s in running if s.t >= retention]
     if not steady or steady[0] is end:
         return None
     start = steady[0]

@@ -75,6 +75,8 @@ class Sample:
     load1: float = 0.0
     load5: float = 0.0
     load15: float = 0.0
+    #: Taken while the traffic ran (the last sample, after it, has the sender's connections closed).
+    during_traffic: bool = True
     #: machine_note() when the sample was taken (not in the CSV).
     note: str = field(default="", repr=False)
 
@@ -175,7 +177,9 @@ class Sampler:
         #: The schema's tables at the last sample (postgres_stats.pg_tables).
         self.pg_last: dict[str, dict[str, Any]] = {}
 
-    async def take(self, session: aiohttp.ClientSession, t: float) -> Sample:
+    async def take(
+        self, session: aiohttp.ClientSession, t: float, *, during_traffic: bool = True
+    ) -> Sample:
         load = os.getloadavg()
         traffic = self.traffic
         fds, socket_count = open_fds(self.pid)
@@ -193,6 +197,7 @@ class Sampler:
             load5=round(load[1], 2),
             load15=round(load[2], 2),
             note=machine_note(self.loop_name),
+            during_traffic=during_traffic,
         )
         self.count_sockets(sample)
         if self.store == "sqlite":
@@ -244,4 +249,4 @@ class Sampler:
                 await self.take(session, loop.time() - start)
                 k += 1
             await sender  # the traffic's end (its exception, if any)
-            await self.take(session, loop.time() - start)
+            await self.take(session, loop.time() - start, during_traffic=False)
