@@ -19,7 +19,7 @@ wrk rounds alternate (baseline, prune, prune, baseline, ...) while the backlog l
 the prune side's req/s >= 0.9x the baseline's, its p99 <= 1.5x (medians of the per-round
 ratios). The prune rate comes from ``receiver_inbox_pruned_events_total`` on the prune side's
 worker (read once a second while it runs), during the prune side's rounds. After the rounds the
-baseline's processes end (a stopped one could hold a transaction open) and the run waits for
+baseline's processes end (kept stopped, they slowed the prune side on Postgres); the run waits for
 the rest of the backlog; how long all of it took counts the time the prune side ran, from
 its worker's launch, not the time it was stopped. A receiver without that counter gets "n/a"
 during the rounds and the inbox's count of expired events (every 10 s) afterwards. The inboxes'
@@ -170,10 +170,9 @@ def prune_under_load(args: argparse.Namespace, work: Path, kind: str) -> dict[st
                 with alone(side, others):
                     runner.measure(name, side.intake, args.warmup, warmup=True)
             figures = measure_rounds(args, runner, sides, watch)
-            # The prune side alone until its backlog is gone: the baseline ends (a process merely
-            # stopped could hold a transaction open, and on Postgres an open transaction keeps
-            # every dead row of the server from being vacuumed: the prune side's worker then
-            # claimed through them, at a fifth of its rate, until the baseline ran again).
+            # The prune side alone until its backlog is gone: the baseline ends. Kept stopped
+            # instead (its Postgres sessions idle in a transaction), it slowed the prune side's
+            # worker and pruning to a fifth until it ran again; why was not established.
             baseline.stop()
             ended = wait_for_backlog(prune, watch, args.stored, launched)
             if ended is not None:
