@@ -28,7 +28,8 @@ import shutil
 import sqlite3
 import tempfile
 import time
-from collections.abc import Sequence
+from contextlib import closing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +37,11 @@ from bench.common import Table, machine_note, webhook_body
 from receiver.store.sqlite.intake import (
     EVENT_ROW,
     INSERT_EVENTS_HEAD,
-    ROWS_PER_STATEMENT,
     SELECT_STORED,
 )
+from receiver.store.sqlite.intake import _insert_rows as insert
 from receiver.store.sqlite.pull import INSERT_OUTCOMES_HEAD, OUTCOME_ROW
-from receiver.store.sqlite.schema import MIGRATIONS
+from tests.support.bulk_inbox import new_inbox
 
 GROUP = 32
 FILL_CHUNK = 20_000
@@ -64,11 +65,23 @@ BY_ARRIVAL = (
     "CREATE INDEX deliveries_dead_groups ON deliveries (sink, last_error, updated_at, state) "
     "WHERE state = 'dead'",
 )
-LAYOUTS: dict[str, tuple[int, tuple[str, ...]]] = {
-    "current": (4096, ()),
-    "deliveries-by-arrival": (4096, BY_ARRIVAL),
-    "and-no-job-index": (4096, (*BY_ARRIVAL, "DROP INDEX events_job")),
-    "page-2048": (2048, ()),
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The schema changed one way: its page size, statements run after the migrations, and
+    whether deliveries are keyed by the event's rowid."""
+
+    page_size: int | None = None
+    changes: tuple[str, ...] = ()
+    by_arrival: bool = False
+
+
+LAYOUTS = {
+    "current": Layout(),
+    "deliveries-by-arrival": Layout(changes=BY_ARRIVAL, by_arrival=True),
+    "and-no-job-index": Layout(changes=(*BY_ARRIVAL, "DROP INDEX events_job"), by_arrival=True),
+    "page-2048": Layout(page_size=2048),
 }
 DELIVERY_HEAD = (
     "INSERT INTO deliveries ({key}, sink, state, attempts, next_attempt_at, last_error, "
@@ -80,15 +93,12 @@ DELIVERY_ROW_BY_ARRIVAL = "((SELECT rowid FROM events WHERE id = ?), ?, 'pending
 Rows = list[tuple[Any, ...]]
 
 
-def create(path: Path, layout: str) -> sqlite3.Connection:
-    page_size, changes = LAYOUTS[layout]
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{path}{suffix}").unlink(missing_ok=True)
-    conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute(f"PRAGMA page_size = {page_size}")
-    conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
-    conn.execute("PRAGMA journal_mode = WAL")
-    for statement in (*(s for m in MIGRATIONS for s in m), *changes):
+def create(path: Path, layout: Layout) -> sqlite3.Connection:
+    """A new inbox as the receiver makes one (tests.support.bulk_inbox), changed to ``layout``,
+    with SQLite's default page cache again (the receiver's)."""
+    conn = new_inbox(path, page_size=layout.page_size)
+    conn.execute("PRAGMA cache_size = -2000")
+    for statement in layout.changes:
         conn.execute(statement)
     return conn
 
@@ -109,15 +119,9 @@ def group_rows(token: str, count: int, at: float, state: str) -> tuple[Rows, Row
     return events, deliveries, outcomes
 
 
-def insert(conn: sqlite3.Connection, head: str, row: str, rows: Sequence[tuple[Any, ...]]) -> None:
-    for start in range(0, len(rows), ROWS_PER_STATEMENT):
-        chunk = rows[start : start + ROWS_PER_STATEMENT]
-        conn.execute(head + ", ".join([row] * len(chunk)), [v for r in chunk for v in r])
-
-
-def write_group(conn: sqlite3.Connection, layout: str, rows: tuple[Rows, Rows, Rows]) -> None:
+def write_group(conn: sqlite3.Connection, layout: Layout, rows: tuple[Rows, Rows, Rows]) -> None:
     events, deliveries, outcomes = rows
-    by_arrival = "event_seq" in " ".join(LAYOUTS[layout][1])
+    by_arrival = layout.by_arrival
     conn.execute("BEGIN IMMEDIATE")
     ids = json.dumps([e[0] for e in events])
     conn.execute(SELECT_STORED, (ids, json.dumps([o[0] for o in outcomes]))).fetchall()
@@ -129,7 +133,7 @@ def write_group(conn: sqlite3.Connection, layout: str, rows: tuple[Rows, Rows, R
     conn.execute("COMMIT")
 
 
-def fill(conn: sqlite3.Connection, layout: str, stored: int) -> None:
+def fill(conn: sqlite3.Connection, layout: Layout, stored: int) -> None:
     conn.execute("PRAGMA synchronous = OFF")
     at = time.time() - 86_400
     for start in range(0, stored, FILL_CHUNK):
@@ -138,7 +142,9 @@ def fill(conn: sqlite3.Connection, layout: str, stored: int) -> None:
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
 
-def measure(conn: sqlite3.Connection, layout: str, groups: int, every: int) -> tuple[float, float]:
+def measure(
+    conn: sqlite3.Connection, layout: Layout, groups: int, every: int
+) -> tuple[float, float]:
     """CPU and wall time an event (µs) over ``groups`` groups written as intake writes them."""
     conn.execute("PRAGMA synchronous = FULL")
     conn.execute("PRAGMA wal_autocheckpoint = 0")
@@ -154,18 +160,18 @@ def measure(conn: sqlite3.Connection, layout: str, groups: int, every: int) -> t
     return (time.process_time() - cpu) / events * 1e6, (time.perf_counter() - wall) / events * 1e6
 
 
-def run_layout(layout: str, args: argparse.Namespace, work: Path) -> list[object]:
-    full = work / f"{layout}-stored.db"
+def run_layout(name: str, args: argparse.Namespace, work: Path) -> list[object]:
+    layout = LAYOUTS[name]
+    full = work / f"{name}-stored.db"
     started = time.perf_counter()
-    with create(full, layout) as conn:
+    with closing(create(full, layout)) as conn:
         fill(conn, layout, args.stored)
-    conn.close()
-    print(f"  {layout}: {args.stored:,} events stored in {time.perf_counter() - started:.0f} s")
+    print(f"  {name}: {args.stored:,} events stored in {time.perf_counter() - started:.0f} s")
     passes: dict[str, list[tuple[float, float]]] = {"empty": [], "stored": []}
     for _ in range(2):
-        for name in passes:
+        for inbox in passes:
             path = work / "measured.db"
-            if name == "empty":
+            if inbox == "empty":
                 conn = create(path, layout)
             else:
                 for suffix in ("-wal", "-shm"):
@@ -173,13 +179,13 @@ def run_layout(layout: str, args: argparse.Namespace, work: Path) -> list[object
                 shutil.copyfile(full, path)
                 conn = sqlite3.connect(path, isolation_level=None)
                 conn.execute("PRAGMA journal_mode = WAL")
-            passes[name].append(measure(conn, layout, args.groups, args.checkpoint))
+            passes[inbox].append(measure(conn, layout, args.groups, args.checkpoint))
             conn.close()
     full.unlink()
     empty_cpu, empty_wall = (min(p[i] for p in passes["empty"]) for i in (0, 1))
     stored_cpu, stored_wall = (min(p[i] for p in passes["stored"]) for i in (0, 1))
     return [
-        layout,
+        name,
         f"{empty_cpu:.0f}",
         f"{stored_cpu:.0f}",
         f"+{stored_cpu - empty_cpu:.0f}",

@@ -228,9 +228,8 @@ class Sampler:
         local = {self.ports.get("webhooks"): "webhooks", self.ports.get("admin"): "admin"}
         remote = {self.ports.get("upstream"): "upstream", self.ports.get("db"): "db"}
         for local_port, remote_port in socket_ports(self.pid):
-            name = remote.get(remote_port) if remote_port else None
-            if remote_port and name is None:
-                name = local.get(local_port)
+            # A listening socket (no remote port) is "other".
+            name = (remote.get(remote_port) or local.get(local_port)) if remote_port else None
             attribute = f"sockets_{name or 'other'}"
             setattr(sample, attribute, getattr(sample, attribute) + 1)
 

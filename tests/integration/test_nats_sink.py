@@ -13,11 +13,10 @@ import pytest
 from receiver.errors import TransientError
 from receiver.sinks.nats import NatsSink
 from tests.support.helpers import free_port, wait_for
+from tests.support.jetstream import NATS_URL
 from tests.support.peers import LocalServer, enriched_event
 from tests.support.services import require_service
 from tests.support.sinks import opened_sinks, sink_settings
-
-NATS_URL = "nats://127.0.0.1:4222"
 
 
 def nats_sink(url=NATS_URL, **options):
