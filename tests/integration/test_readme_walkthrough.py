@@ -94,9 +94,22 @@ class Walkthrough:
         return re.sub(r"\b(8080|9091|8090)\b", lambda m: self.ports[m.group(1)], text)
 
     def _localize_config(self) -> None:
+        """Map the ports in ``config.toml`` once, when a step wrote them.
+
+        The file is replaced in one rename (keeping its private mode), never truncated and
+        rewritten in place: a command started in the background may be reading it right then.
+        """
         config = self.dir / "config.toml"
-        if config.exists():
-            config.write_text(self.localize(config.read_text()))
+        if not config.exists():
+            return
+        text = config.read_text()
+        localized = self.localize(text)
+        if localized == text:
+            return
+        scratch = config.with_name(config.name + ".localized")
+        scratch.write_text(localized)
+        scratch.chmod(config.stat().st_mode & 0o777)
+        os.replace(scratch, config)
 
     def run(self, step: Step) -> None:
         command = self.localize(step.command)
