@@ -26,6 +26,7 @@ from receiver.errors import StoreError
 from receiver.intake.endpoint import Intake
 from receiver.logs import get_logger
 from receiver.observe.metrics import Metrics
+from receiver.observe.space_gauges import InboxSpaceGauges
 from receiver.ops.handlers import Ops
 from receiver.ops.incident import IncidentAdmin
 from receiver.ops.retention import Retention
@@ -84,6 +85,7 @@ class Runtime:
         self.settings = settings
         self.role = role
         self.metrics = metrics or Metrics()
+        self.space_gauges = InboxSpaceGauges(self.metrics)
         self.clock = clock
         self.secrets = SecretBox(settings.webhook)
         self.store: Store = store or open_store(settings.store, check=check_store)
@@ -359,9 +361,7 @@ class Runtime:
         self.metrics.inbox_oldest_pending_seconds.set(age)
         space = await self.store.space()
         if space is not None:
-            self.metrics.inbox_file_bytes.set(space.file_bytes)
-            if space.free_bytes is not None:
-                self.metrics.inbox_free_bytes.set(space.free_bytes)
+            self.space_gauges.update(space)
         lanes = await self.store.lane_stats(now=now)
         for sink in self.settings.sinks:
             stats = lanes.get(sink.name, LaneStats())

@@ -73,6 +73,7 @@ def ingest_at_scale(args: argparse.Namespace, work: Path, kind: str) -> dict[str
     if kind == "postgres":
         schemas.append(postgres.build(POSTGRES_URL, args.stored, work))
         full_store = {"url": POSTGRES_URL, "schema": schemas[0]}
+        print(postgres.cache_note(POSTGRES_URL, schemas[0]), flush=True)
     else:
         full_db = work / "full" / "inbox.db"
         full_db.parent.mkdir()

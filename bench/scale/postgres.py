@@ -21,6 +21,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from bench.common import bench_env, port_open, write_config
+from receiver.store.postgres.space import TABLES_SIZE
 from receiver.store.sql.pull import BACKFILL_JOB_OUTCOMES
 
 INSERT_EVENTS = """
@@ -92,6 +93,28 @@ def build(
         f"    built schema {schema}: {count:,} done events in {time.monotonic() - started:.0f} s"
     )
     return schema
+
+
+async def _fetch_row(url: str, schema: str, statement: str) -> tuple[object, ...]:
+    import asyncpg
+
+    conn = await asyncpg.connect(url, server_settings={"search_path": schema})
+    try:
+        return tuple(await conn.fetchrow(statement))
+    finally:
+        await conn.close()
+
+
+def cache_note(url: str, schema: str) -> str:
+    """The stored inbox's indexes beside the server's shared_buffers, as the receiver measures
+    them (its ``receiver_inbox_index_bytes`` and ``receiver_inbox_cache_bytes``)."""
+    row = asyncio.run(_fetch_row(url, schema, TABLES_SIZE))
+    index_mib, cache_mib = int(row[1]) / 2**20, int(row[3]) / 2**20
+    verdict = "past" if index_mib > cache_mib else "within"
+    return (
+        f"    the stored inbox's indexes: {index_mib:,.0f} MiB, {verdict} the server's "
+        f"shared_buffers of {cache_mib:,.0f} MiB (docs/postgres.md, memory for a large inbox)"
+    )
 
 
 def drop(url: str, schema: str) -> None:

@@ -136,6 +136,16 @@ class Metrics:
             "Free pages inside the SQLite inbox file (new rows reuse them).",
             registry=r,
         )
+        self.inbox_index_bytes = Gauge(
+            "receiver_inbox_index_bytes",
+            "The Postgres inbox's indexes (part of receiver_inbox_file_bytes).",
+            registry=r,
+        )
+        self.inbox_cache_bytes = Gauge(
+            "receiver_inbox_cache_bytes",
+            "The Postgres server's shared_buffers, which the inbox's indexes should fit in.",
+            registry=r,
+        )
         self.inbox_oldest_pending_seconds = Gauge(
             "receiver_inbox_oldest_pending_seconds",
             "Age of the oldest event still pending (0 when none).",

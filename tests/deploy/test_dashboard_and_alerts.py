@@ -64,6 +64,9 @@ def test_the_dashboard_shows_what_operators_watch():
         "receiver_sink_in_flight",
         "receiver_watched_jobs",  # pull mode
         "receiver_pull_events_total",
+        "receiver_inbox_file_bytes",  # what the inbox takes, and on Postgres its indexes
+        "receiver_inbox_index_bytes",  # beside the server's cache
+        "receiver_inbox_cache_bytes",
     ):
         assert metric in used, metric
     assert 'outcome=~"missing_signature|invalid_signature|stale_timestamp"' in text
@@ -107,6 +110,7 @@ def test_the_alerts_cover_the_failure_modes():
         "ReceiverUpstreamWebhookInactive": "receiver_upstream_webhook_active",
         "ReceiverLaneBehind": "receiver_sink_oldest_due_seconds",
         "ReceiverLanePausedTooLong": "receiver_sink_paused_seconds",
+        "ReceiverInboxOutgrowsDatabaseCache": "receiver_inbox_cache_bytes",
     }
     for name, needle in expected.items():
         assert needle in rules[name]["expr"], name

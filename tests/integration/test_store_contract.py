@@ -806,6 +806,24 @@ async def test_space_is_measured_where_the_backend_can(store: Store, backend: st
     # where the server's autovacuum is off.
     assert space.reclaimable is (backend == "sqlite" or await autovacuum_off())
     assert (space.free_bytes is not None) is (backend == "sqlite")
+    # Postgres says how much of it is indexes, and how much of them its buffer cache can hold.
+    if backend == "sqlite":
+        assert space.index_bytes is None and space.cache_bytes is None
+    else:
+        assert space.index_bytes is not None and 0 < space.index_bytes < space.file_bytes
+        assert space.cache_bytes == await shared_buffers_bytes()
+
+
+async def shared_buffers_bytes() -> int:
+    conn = await asyncpg.connect(POSTGRES_URL)
+    try:
+        return int(
+            await conn.fetchval(
+                "SELECT setting::bigint * 8192 FROM pg_settings WHERE name = 'shared_buffers'"
+            )
+        )
+    finally:
+        await conn.close()
 
 
 async def autovacuum_off() -> bool:

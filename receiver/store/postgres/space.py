@@ -24,9 +24,10 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 # Every table of the inbox's schema (the first of the search path) with its indexes and TOAST,
-# and whether the server's autovacuum runs.
+# their indexes alone, whether the server's autovacuum runs, and its shared buffers.
 TABLES_SIZE = """
-SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0), current_setting('autovacuum')
+SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0), coalesce(sum(pg_indexes_size(c.oid)), 0),
+       current_setting('autovacuum'), pg_size_bytes(current_setting('shared_buffers'))
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = current_schema() AND c.relkind = 'r'
 """
@@ -51,7 +52,12 @@ class PostgresSpace:
         async def run(c: Conn) -> InboxSpace:
             row = await c.row(TABLES_SIZE)
             assert row is not None
-            return InboxSpace(file_bytes=int(row[0]), reclaimable=row[1] == "off")
+            return InboxSpace(
+                file_bytes=int(row[0]),
+                reclaimable=row[2] == "off",
+                index_bytes=int(row[1]),
+                cache_bytes=int(row[3]),
+            )
 
         return await self._run_read(run)
 
