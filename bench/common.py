@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -68,11 +69,7 @@ WRK_SCRIPT = ROOT / "bench" / "webhooks.lua"
 
 def event_loop_name() -> str:
     """The loop ``receiver serve`` uses on this install: uvloop when importable."""
-    try:
-        import uvloop  # type: ignore[import-not-found]  # noqa: F401
-    except ImportError:
-        return "asyncio"
-    return "uvloop"
+    return "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio"
 
 
 def python_module(loop: str, module: str, *args: str) -> list[str]:
