@@ -172,7 +172,9 @@ def prune_under_load(args: argparse.Namespace, work: Path, kind: str) -> dict[st
             figures = measure_rounds(args, runner, sides, watch)
             # The prune side alone until its backlog is gone: the baseline ends. Kept stopped
             # instead (its Postgres sessions idle in a transaction), it slowed the prune side's
-            # worker and pruning to a fifth until it ran again; why was not established.
+            # worker and pruning to a fifth until it ran again: an open transaction on the
+            # server, even in another database, holds back the horizon of every snapshot taken
+            # meanwhile, so the prune side's dead rows stayed (docs/postgres.md).
             baseline.stop()
             ended = wait_for_backlog(prune, watch, args.stored, launched)
             if ended is not None:
