@@ -11,10 +11,14 @@ groups (the receiver's is every 500 events: 16 groups), on an empty file and on 
 - ``deliveries-by-arrival``: deliveries keyed by (the event's rowid, sink), in arrival order;
 - ``and-no-job-index``: that, and no index by job id (what the inbox page's and
   ``redeliver --job``'s lookups use);
-- ``page-2048``: the current schema with 2 KiB pages instead of 4 KiB.
+- ``page-2048``: the current schema with 2 KiB pages instead of 4 KiB;
+- ``no-auto-vacuum``: the current schema without incremental vacuum (no pointer-map pages);
+- ``cache-512mib``: the current schema with a 512 MiB page cache, warmed with every index that
+  takes random ids before the groups are written.
 
-Reported: CPU time and wall time an event, empty and stored, and stored / empty (the best of two
-passes each). Every file is built in ``--dir`` (about 1.6 GB a layout) and removed after::
+Reported: CPU time an event, empty and stored, and of it the checkpoints' (the best of two
+passes each); the pages an event adds to the WAL (frames); wall time an event and stored /
+empty. Every file is built in ``--dir`` (about 1.6 GB a layout) and removed after::
 
     python -m bench.scale.sqlite_layouts [--stored 1000000] [--groups 400] [--checkpoint 16]
         [--layouts current,deliveries-by-arrival,...] [--dir DIR]
@@ -75,6 +79,8 @@ class Layout:
     page_size: int | None = None
     changes: tuple[str, ...] = ()
     by_arrival: bool = False
+    auto_vacuum: bool = True
+    cache_kib: int | None = None  # and warmed; None: SQLite's default (the receiver's)
 
 
 LAYOUTS = {
@@ -82,7 +88,16 @@ LAYOUTS = {
     "deliveries-by-arrival": Layout(changes=BY_ARRIVAL, by_arrival=True),
     "and-no-job-index": Layout(changes=(*BY_ARRIVAL, "DROP INDEX events_job"), by_arrival=True),
     "page-2048": Layout(page_size=2048),
+    "no-auto-vacuum": Layout(auto_vacuum=False),
+    "cache-512mib": Layout(cache_kib=512 * 1024),
 }
+# What the warmed cache reads first: every B-tree a new event's random ids land in.
+WARM = (
+    "SELECT count(*) FROM events INDEXED BY sqlite_autoindex_events_1",
+    "SELECT count(*) FROM events INDEXED BY events_job",
+    "SELECT count(*) FROM deliveries",
+    "SELECT count(*) FROM job_outcomes",
+)
 DELIVERY_HEAD = (
     "INSERT INTO deliveries ({key}, sink, state, attempts, next_attempt_at, last_error, "
     "updated_at) VALUES "
@@ -96,7 +111,7 @@ Rows = list[tuple[Any, ...]]
 def create(path: Path, layout: Layout) -> sqlite3.Connection:
     """A new inbox as the receiver makes one (tests.support.bulk_inbox), changed to ``layout``,
     with SQLite's default page cache again (the receiver's)."""
-    conn = new_inbox(path, page_size=layout.page_size)
+    conn = new_inbox(path, page_size=layout.page_size, auto_vacuum=layout.auto_vacuum)
     conn.execute("PRAGMA cache_size = -2000")
     for statement in layout.changes:
         conn.execute(statement)
@@ -142,22 +157,45 @@ def fill(conn: sqlite3.Connection, layout: Layout, stored: int) -> None:
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
 
-def measure(
-    conn: sqlite3.Connection, layout: Layout, groups: int, every: int
-) -> tuple[float, float]:
-    """CPU and wall time an event (µs) over ``groups`` groups written as intake writes them."""
+@dataclass(frozen=True)
+class Pass:
+    """One pass's figures an event: CPU (µs), of it the checkpoints', WAL frames, wall (µs)."""
+
+    cpu: float
+    checkpoint_cpu: float
+    frames: float
+    wall: float
+
+
+def measure(conn: sqlite3.Connection, layout: Layout, groups: int, every: int) -> Pass:
+    """``groups`` groups written as intake writes them, a passive checkpoint every ``every``."""
     conn.execute("PRAGMA synchronous = FULL")
     conn.execute("PRAGMA wal_autocheckpoint = 0")
     conn.execute("PRAGMA temp_store = MEMORY")
+    if layout.cache_kib is not None:
+        conn.execute(f"PRAGMA cache_size = -{layout.cache_kib}")
+        for statement in WARM:
+            conn.execute(statement).fetchall()
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     token = f"new{time.time_ns()}"
     data = [group_rows(f"{token}-{g}", GROUP, time.time(), "pending") for g in range(groups)]
+    frames = 0
+    checkpoint_cpu = 0.0
     cpu, wall = time.process_time(), time.perf_counter()
     for g, rows in enumerate(data):
         write_group(conn, layout, rows)
-        if g % every == every - 1:
-            conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        if g % every == every - 1 or g == groups - 1:
+            started = time.process_time()
+            # (busy, frames in the WAL, frames copied); the next write starts the WAL over.
+            frames += conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[1]
+            checkpoint_cpu += time.process_time() - started
     events = groups * GROUP
-    return (time.process_time() - cpu) / events * 1e6, (time.perf_counter() - wall) / events * 1e6
+    return Pass(
+        cpu=(time.process_time() - cpu) / events * 1e6,
+        checkpoint_cpu=checkpoint_cpu / events * 1e6,
+        frames=frames / events,
+        wall=(time.perf_counter() - wall) / events * 1e6,
+    )
 
 
 def run_layout(name: str, args: argparse.Namespace, work: Path) -> list[object]:
@@ -167,7 +205,7 @@ def run_layout(name: str, args: argparse.Namespace, work: Path) -> list[object]:
     with closing(create(full, layout)) as conn:
         fill(conn, layout, args.stored)
     print(f"  {name}: {args.stored:,} events stored in {time.perf_counter() - started:.0f} s")
-    passes: dict[str, list[tuple[float, float]]] = {"empty": [], "stored": []}
+    passes: dict[str, list[Pass]] = {"empty": [], "stored": []}
     for _ in range(2):
         for inbox in passes:
             path = work / "measured.db"
@@ -182,16 +220,17 @@ def run_layout(name: str, args: argparse.Namespace, work: Path) -> list[object]:
             passes[inbox].append(measure(conn, layout, args.groups, args.checkpoint))
             conn.close()
     full.unlink()
-    empty_cpu, empty_wall = (min(p[i] for p in passes["empty"]) for i in (0, 1))
-    stored_cpu, stored_wall = (min(p[i] for p in passes["stored"]) for i in (0, 1))
+    empty, stored = (min(passes[inbox], key=lambda p: p.cpu) for inbox in ("empty", "stored"))
     return [
         name,
-        f"{empty_cpu:.0f}",
-        f"{stored_cpu:.0f}",
-        f"+{stored_cpu - empty_cpu:.0f}",
-        f"{empty_wall:.0f}",
-        f"{stored_wall:.0f}",
-        f"{empty_wall / stored_wall:.2f}x",
+        f"{empty.cpu:.0f}",
+        f"{stored.cpu:.0f}",
+        f"+{stored.cpu - empty.cpu:.0f}",
+        f"{empty.checkpoint_cpu:.0f} -> {stored.checkpoint_cpu:.0f}",
+        f"{empty.frames:.1f} -> {stored.frames:.1f}",
+        f"{empty.wall:.0f}",
+        f"{stored.wall:.0f}",
+        f"{empty.wall / stored.wall:.2f}x",
     ]
 
 
@@ -213,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
             "CPU µs empty",
             "CPU µs stored",
             "grows by",
+            "of it checkpoints",
+            "WAL pages an event",
             "wall µs empty",
             "wall µs stored",
             "stored / empty (wall)",
