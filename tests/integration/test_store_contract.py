@@ -819,7 +819,8 @@ async def shared_buffers_bytes() -> int:
     try:
         return int(
             await conn.fetchval(
-                "SELECT setting::bigint * 8192 FROM pg_settings WHERE name = 'shared_buffers'"
+                "SELECT setting::bigint * current_setting('block_size')::bigint "
+                "FROM pg_settings WHERE name = 'shared_buffers'"
             )
         )
     finally:
