@@ -62,6 +62,14 @@ GAUGE_REFRESH_SECONDS = 5.0
 GAUGE_REFRESH_SHARE = 0.02
 
 
+def gauge_refresh_interval(took: float, took_before: float) -> float:
+    """Seconds until the next refresh of the gauges, after two that took ``took_before`` then
+    ``took`` seconds: stretched only when both were slow (a large inbox), not after one slow
+    refresh alone (a receiver starting, a busy moment), which would leave the gauges stale for
+    fifty times as long."""
+    return max(GAUGE_REFRESH_SECONDS, min(took, took_before) * (1 / GAUGE_REFRESH_SHARE - 1))
+
+
 class Runtime:
     """Every resource of one receiver process, opened with ``async with``.
 
@@ -373,14 +381,15 @@ class Runtime:
 
     async def _refresh_gauges(self) -> None:
         loop = asyncio.get_running_loop()
+        took = 0.0
         while True:
             started = loop.time()
             try:
                 await self.refresh_gauges()
             except StoreError as exc:
                 log.warning("inbox gauges not refreshed", error=exc.message)
-            took = loop.time() - started
-            await asyncio.sleep(max(GAUGE_REFRESH_SECONDS, took * (1 / GAUGE_REFRESH_SHARE - 1)))
+            took, took_before = loop.time() - started, took
+            await asyncio.sleep(gauge_refresh_interval(took, took_before))
 
 
 async def _to_inbox_ui(_request: web.Request) -> web.Response:

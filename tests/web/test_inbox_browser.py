@@ -30,8 +30,8 @@ from tests.web.stack import ADMIN_TOKEN, Stack, running
 XSS = "<script>alert(1)</script>"
 TIMEOUT_MS = 20_000
 # The overview's counts are the inbox gauges, refreshed every 5 s, or less often when counting
-# takes longer (at most 2% of the time, receiver.app.GAUGE_REFRESH_SHARE): on a machine busy
-# enough that one count takes 0.5 s, the next comes 25 s later.
+# takes longer (at most 2% of the time, receiver.app.gauge_refresh_interval): on a machine busy
+# enough that two counts in a row take 0.5 s, the next comes 25 s later.
 GAUGE_MS = 60_000
 
 try:
@@ -221,7 +221,7 @@ def test_overview_refreshes_itself_and_dead_letters_redeliver(page, stack):
     # The failed job's event dies at the archive sink (503 twice); once the inbox gauge counts
     # it, the page opens and its first render shows it (the page's own refresh is checked
     # below, with a new event).
-    wait_until(lambda: dead_on_the_gauge(stack), "a dead event on the inbox gauge")
+    wait_until(lambda: dead_on_the_gauge(stack), "a dead event on the inbox gauge", GAUGE_MS / 1000)
     page.goto("/ui/")
     lanes = page.locator("table.lanes tbody tr")
     expect(lanes).to_have_count(2)
