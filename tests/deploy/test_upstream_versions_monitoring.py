@@ -1,7 +1,8 @@
 """What the dashboard, the alert rules and docs/operations.md show of the upstream's versions:
 drift, retirement notices, invalid objects, a refused api.version.
 
-When each alert fires is tested by promtool (tests/deploy/rules/upstream_versions_test.yml);
+When each alert fires is tested by promtool (tests/deploy/rules/upstream_versions_test.yml and
+upstream_sunset_test.yml);
 that each expression runs on a real receiver's metrics, by test_prometheus.py.
 """
 
