@@ -16,8 +16,10 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from bench.common import bench_env, port_open, write_config
@@ -43,15 +45,21 @@ def reachable(url: str) -> bool:
     return port_open(parts.port or 5432) if parts.hostname in ("127.0.0.1", "localhost") else True
 
 
-async def _run(url: str, schema: str, statements: list[tuple[str, tuple[object, ...]]]) -> None:
+@asynccontextmanager
+async def _connection(url: str, schema: str) -> AsyncIterator[Any]:
     import asyncpg
 
     conn = await asyncpg.connect(url, server_settings={"search_path": schema})
     try:
-        for statement, args in statements:
-            await conn.execute(statement, *args)
+        yield conn
     finally:
         await conn.close()
+
+
+async def _run(url: str, schema: str, statements: list[tuple[str, tuple[object, ...]]]) -> None:
+    async with _connection(url, schema) as conn:
+        for statement, args in statements:
+            await conn.execute(statement, *args)
 
 
 def build(
@@ -95,14 +103,9 @@ def build(
     return schema
 
 
-async def _fetch_row(url: str, schema: str, statement: str) -> tuple[object, ...]:
-    import asyncpg
-
-    conn = await asyncpg.connect(url, server_settings={"search_path": schema})
-    try:
+async def _fetch_row(url: str, schema: str, statement: str) -> tuple[Any, ...]:
+    async with _connection(url, schema) as conn:
         return tuple(await conn.fetchrow(statement))
-    finally:
-        await conn.close()
 
 
 def cache_note(url: str, schema: str) -> str:

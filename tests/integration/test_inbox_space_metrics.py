@@ -11,12 +11,16 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
-import asyncpg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.helpers import ReceiverProcess, free_port, wait_for, write_config
-from tests.support.postgres import POSTGRES_URL, fresh_schema, require_postgres
+from tests.support.postgres import (
+    POSTGRES_URL,
+    fresh_schema,
+    require_postgres,
+    shared_buffers_bytes,
+)
 
 SECRET = "whsec_space_" + "5d" * 12
 
@@ -73,11 +77,4 @@ async def test_serve_exports_what_the_inbox_takes(tmp_path: Path, store: dict[st
         assert seen["receiver_inbox_index_bytes"] == seen["receiver_inbox_cache_bytes"] == 0
         return
     assert 0 < seen["receiver_inbox_index_bytes"] < seen["receiver_inbox_file_bytes"]
-    conn = await asyncpg.connect(POSTGRES_URL)
-    try:
-        shared_buffers = await conn.fetchval(
-            "SELECT pg_size_bytes(current_setting('shared_buffers'))"
-        )
-    finally:
-        await conn.close()
-    assert seen["receiver_inbox_cache_bytes"] == shared_buffers
+    assert seen["receiver_inbox_cache_bytes"] == await shared_buffers_bytes()

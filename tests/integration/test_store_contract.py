@@ -27,7 +27,13 @@ from receiver.store.pull import outcome_key
 from receiver.store.records import DeliveryState, Snapshot
 from receiver.store.sqlite import SqliteStore
 from receiver.store.steps import MAX_STEPS_PER_DELIVERY, Step
-from tests.support.postgres import POSTGRES_URL, fresh_schema, require_postgres, store_settings
+from tests.support.postgres import (
+    POSTGRES_URL,
+    fresh_schema,
+    require_postgres,
+    shared_buffers_bytes,
+    store_settings,
+)
 from tests.support.store_cases import ODD_IDS, T0, UNSTORABLE_IDS, new_event, redeliver, states
 
 LEASE = 60.0
@@ -812,19 +818,6 @@ async def test_space_is_measured_where_the_backend_can(store: Store, backend: st
     else:
         assert space.index_bytes is not None and 0 < space.index_bytes < space.file_bytes
         assert space.cache_bytes == await shared_buffers_bytes()
-
-
-async def shared_buffers_bytes() -> int:
-    conn = await asyncpg.connect(POSTGRES_URL)
-    try:
-        return int(
-            await conn.fetchval(
-                "SELECT setting::bigint * current_setting('block_size')::bigint "
-                "FROM pg_settings WHERE name = 'shared_buffers'"
-            )
-        )
-    finally:
-        await conn.close()
 
 
 async def autovacuum_off() -> bool:

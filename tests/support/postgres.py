@@ -93,6 +93,22 @@ async def terminate_backends(application_name: str) -> int:
     return int(killed)
 
 
+async def shared_buffers_bytes() -> int:
+    """The test server's ``shared_buffers``, in bytes (its pages times its block size)."""
+    import asyncpg
+
+    conn = await asyncpg.connect(POSTGRES_URL)
+    try:
+        return int(
+            await conn.fetchval(
+                "SELECT setting::bigint * current_setting('block_size')::bigint "
+                "FROM pg_settings WHERE name = 'shared_buffers'"
+            )
+        )
+    finally:
+        await conn.close()
+
+
 class TcpProxy:
     """A local port forwarding to Postgres that a test can take down and bring back.
 
