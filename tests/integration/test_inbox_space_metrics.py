@@ -26,7 +26,7 @@ SECRET = "whsec_space_" + "5d" * 12
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[dict[str, str]]:
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[dict[str, str]]:
     if request.param == "sqlite":
         yield {"url": "sqlite:///inbox.db"}
         return
