@@ -153,8 +153,11 @@ async def test_a_hanging_and_a_paced_sink_delay_only_themselves(
 async def test_a_retry_after_pauses_the_whole_lane(receiver, upstream, captures):
     chat, other = await captures(), await captures()
     chat.script = [(429, {"Retry-After": "2"})]
+    # One send at a time: with more in flight, a send the lane began before the 429 came back
+    # may reach the hook just after it (it cannot be recalled), and the times below would not
+    # tell a held lane from a race lost by a few milliseconds.
     runtime, client = await receiver(
-        [slack("chat", chat, rate_limit_per_second=0), http("other", other)]
+        [slack("chat", chat, rate_limit_per_second=0, concurrency=1), http("other", other)]
     )
     payloads = [upstream.add_job("image") for _ in range(4)]
     for payload in payloads:
