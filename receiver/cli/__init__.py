@@ -8,30 +8,12 @@ command line, 1 for anything that failed while running.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 from receiver import __version__
-from receiver.cli import (
-    backup,
-    check_config,
-    events,
-    healthcheck,
-    init,
-    lanes,
-    migrate,
-    reconcile,
-    redeliver,
-    replay,
-    serve,
-    sign,
-    simulate,
-    store_copy,
-    upstream,
-    watch,
-    webhooks,
-)
 from receiver.cli.common import EXIT_FAILED, EXIT_USAGE, Parser, quiet_closed_pipe
 from receiver.errors import ConfigError, ReceiverError, StoreNewer
 from receiver.store.schema_version import SCHEMA_VERSION
@@ -45,34 +27,45 @@ class Command(Protocol):
     def run(self, args: argparse.Namespace) -> int: ...
 
 
-#: Each command and the module that owns it, in the order ``receiver --help`` lists them.
-COMMANDS: dict[str, Command] = {
-    "init": init,
-    "serve": serve,
-    "check-config": check_config,
-    "healthcheck": healthcheck,
-    "sign": sign,
-    "replay": replay,
-    "events": events,
-    "migrate": migrate,
-    "backup": backup.BACKUP,
-    "restore": backup.RESTORE,
-    "store": store_copy,
+#: Each command and the module that owns it (``module:attribute`` where one module owns two), in
+#: the order ``receiver --help`` lists them. A module is imported only for its own command, so
+#: ``receiver events list`` starts without loading the web server, the simulator or the sinks.
+COMMANDS: dict[str, str] = {
+    "init": "receiver.cli.init",
+    "serve": "receiver.cli.serve",
+    "check-config": "receiver.cli.check_config",
+    "healthcheck": "receiver.cli.healthcheck",
+    "sign": "receiver.cli.sign",
+    "replay": "receiver.cli.replay",
+    "events": "receiver.cli.events",
+    "migrate": "receiver.cli.migrate",
+    "backup": "receiver.cli.backup:BACKUP",
+    "restore": "receiver.cli.backup:RESTORE",
+    "store": "receiver.cli.store_copy",
     # an incident: redelivery batches, lanes paused and resumed
-    "redeliver": redeliver,
-    "lanes": lanes,
+    "redeliver": "receiver.cli.redeliver",
+    "lanes": "receiver.cli.lanes",
     # pull mode: jobs that send no webhook, collections that missed some
-    "watch": watch,
-    "reconcile": reconcile,
+    "watch": "receiver.cli.watch",
+    "reconcile": "receiver.cli.reconcile",
     # local testing and the upstream subscription
-    "simulate": simulate,
-    "webhooks": webhooks,
-    "upstream": upstream,
+    "simulate": "receiver.cli.simulate",
+    "webhooks": "receiver.cli.webhooks",
+    "upstream": "receiver.cli.upstream",
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``receiver`` parser with every command's subparser."""
+def command(name: str) -> Command:
+    """The module (or object) that owns command ``name``, imported now."""
+    module, _, attribute = COMMANDS[name].partition(":")
+    owner = importlib.import_module(module)
+    found: Command = getattr(owner, attribute) if attribute else owner
+    return found
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The ``receiver`` parser with every command's subparser, or with command ``only``'s alone
+    (enough to parse a command line that starts with it)."""
     parser = Parser(
         prog="receiver",
         description="Receive the Mascot and Asset Generation Service's webhooks, store each one "
@@ -88,16 +81,20 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(
         dest="command", required=True, parser_class=Parser, metavar="COMMAND"
     )
-    for module in COMMANDS.values():
-        module.add_parser(commands)
+    for name in COMMANDS if only is None else (only,):
+        command(name).add_parser(commands)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``receiver`` command; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    # A line that starts with a command needs that command's parser alone; anything else
+    # (--help, --version, a mistyped command) gets them all, to list or to suggest from.
+    only = words[0] if words and words[0] in COMMANDS else None
+    args = build_parser(only).parse_args(words)
     try:
-        return COMMANDS[args.command].run(args)
+        return command(args.command).run(args)
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"receiver: config: {problem}", file=sys.stderr)
