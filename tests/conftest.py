@@ -78,11 +78,14 @@ def restore_structlog_config():
     structlog.configure(**saved)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist (``make test``: ``--dist loadgroup``), the tests that share one of our
     module-scoped fixtures (a receiver process, a browser, a Prometheus) run in one worker, so it
     is set up once rather than once in each worker; every other test goes wherever a worker is
-    free. (Fixtures of plugins, whose ``baseid`` is empty, do not count.)"""
+    free. (Fixtures of plugins, whose ``baseid`` is empty, do not count.) First among the hooks:
+    xdist's own, which reads the groups in each worker, is registered after this file and would
+    otherwise run first and see none."""
     for item in items:
         info = getattr(item, "_fixtureinfo", None)
         if info is None:
@@ -93,6 +96,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         )
         if shared:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def xdist_groups_applied(request: pytest.FixtureRequest) -> None:
+    """Fail a run whose pytest-xdist did not tag the grouped tests (their ids end in ``@group``
+    once it has): each group's fixtures would be set up once in every worker, minutes of the
+    suite, with nothing else failing to show it (pytest-dev/pytest-xdist#1386)."""
+    if not getattr(request.config.option, "loadgroup", False):
+        return
+    for item in request.session.items:
+        if item.get_closest_marker("xdist_group") and "@" not in item.nodeid.rpartition("]")[2]:
+            pytest.fail(
+                f"pytest-xdist left {item.nodeid} out of its group: this pytest and pytest-xdist "
+                "do not work together for --dist loadgroup (see the pytest pin in pyproject.toml)"
+            )
 
 
 @pytest.fixture(scope="session")
