@@ -53,9 +53,10 @@ TEST_WORKERS ?= 4
 COMPILE := $(BIN)/python -m compileall -q receiver tests bench
 test: $(VENV)/.installed-dev  ## the whole suite, in TEST_WORKERS processes (default 4); 4-8 min on 2 cores
 	@$(COMPILE)
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not slow"
 
 test-slow: test-durability  ## the proofs too long for `make test` (.ci/run runs both)
+	$(BIN)/pytest -q -p no:cacheprovider -m slow
 
 lint: $(VENV)/.installed-dev  ## ruff check and format check
 	$(BIN)/ruff check receiver tests bench

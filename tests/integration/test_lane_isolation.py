@@ -10,6 +10,10 @@ upstream -> real HTTP peers), on SQLite and on Postgres:
 - the paced chat sink never exceeds its rate: any window of ``WINDOW`` seconds holds at most
   ``rate * WINDOW + burst`` messages (a token bucket holds at most one second of its rate);
 - two replicas on one Postgres hold one lane to its rate together, not each.
+
+The test of the first two points runs in ``make test-slow``: its rounds of hundreds of events,
+repeated while the machine is busy, took up to a minute of the parallel suite. ``make test``
+keeps the same promise, measured with fewer events, in ``tests/integration/test_lanes.py``.
 """
 
 from __future__ import annotations
@@ -202,6 +206,7 @@ async def fast_sinks_seconds(
     return time.monotonic() - started
 
 
+@pytest.mark.slow  # 600 events and more a round, rounds while the machine is busy: 10-50 s
 async def test_a_paced_and_a_hanging_sink_hold_back_neither_fast_sink(
     new_store: StoreFactory, receivers: Any, upstream: Simulator, peer: Any, tmp_path: Any
 ) -> None:
