@@ -14,7 +14,10 @@ groups (the receiver's is every 500 events: 16 groups), on an empty file and on 
 - ``page-2048``: the current schema with 2 KiB pages instead of 4 KiB;
 - ``no-auto-vacuum``: the current schema without incremental vacuum (no pointer-map pages);
 - ``cache-512mib``: the current schema with a 512 MiB page cache, warmed with every index that
-  takes random ids before the groups are written.
+  takes random ids before the groups are written;
+- ``new-file-by-day``: what an inbox split into a file a day would cost intake: new events go
+  into today's file (an empty inbox), the stored events sit in an older day's file attached
+  beside it, where each group's ids are looked up too (a duplicate may be days late).
 
 Reported: CPU time an event, empty and stored, and of it the checkpoints' (the best of two
 passes each); the pages an event adds to the WAL (frames); wall time an event and stored /
@@ -81,6 +84,7 @@ class Layout:
     by_arrival: bool = False
     auto_vacuum: bool = True
     cache_kib: int | None = None  # and warmed; None: SQLite's default (the receiver's)
+    by_day: bool = False  # stored events in an attached file; new ones in an empty one
 
 
 LAYOUTS = {
@@ -90,7 +94,12 @@ LAYOUTS = {
     "page-2048": Layout(page_size=2048),
     "no-auto-vacuum": Layout(auto_vacuum=False),
     "cache-512mib": Layout(cache_kib=512 * 1024),
+    "new-file-by-day": Layout(by_day=True),
 }
+# The look for stored ids and outcomes in an older day's file.
+SELECT_STORED_BEFORE = SELECT_STORED.replace(" FROM events ", " FROM before.events ").replace(
+    " FROM job_outcomes ", " FROM before.job_outcomes "
+)
 # What the warmed cache reads first: every B-tree a new event's random ids land in.
 WARM = (
     "SELECT count(*) FROM events INDEXED BY sqlite_autoindex_events_1",
@@ -134,12 +143,18 @@ def group_rows(token: str, count: int, at: float, state: str) -> tuple[Rows, Row
     return events, deliveries, outcomes
 
 
-def write_group(conn: sqlite3.Connection, layout: Layout, rows: tuple[Rows, Rows, Rows]) -> None:
+def write_group(
+    conn: sqlite3.Connection, layout: Layout, rows: tuple[Rows, Rows, Rows], before: bool = False
+) -> None:
+    """One group as intake writes it; ``before``: its ids looked up in an older day's file too."""
     events, deliveries, outcomes = rows
     by_arrival = layout.by_arrival
     conn.execute("BEGIN IMMEDIATE")
     ids = json.dumps([e[0] for e in events])
-    conn.execute(SELECT_STORED, (ids, json.dumps([o[0] for o in outcomes]))).fetchall()
+    keys = json.dumps([o[0] for o in outcomes])
+    conn.execute(SELECT_STORED, (ids, keys)).fetchall()
+    if before:
+        conn.execute(SELECT_STORED_BEFORE, (ids, keys)).fetchall()
     insert(conn, INSERT_OUTCOMES_HEAD, OUTCOME_ROW, outcomes)
     insert(conn, INSERT_EVENTS_HEAD, EVENT_ROW, events)
     key = "event_seq" if by_arrival else "event_id"
@@ -167,8 +182,11 @@ class Pass:
     wall: float
 
 
-def measure(conn: sqlite3.Connection, layout: Layout, groups: int, every: int) -> Pass:
-    """``groups`` groups written as intake writes them, a passive checkpoint every ``every``."""
+def measure(
+    conn: sqlite3.Connection, layout: Layout, groups: int, every: int, before: bool = False
+) -> Pass:
+    """``groups`` groups written as intake writes them, a passive checkpoint every ``every``;
+    ``before``: an older day's file is attached (``new-file-by-day``)."""
     conn.execute("PRAGMA synchronous = FULL")
     conn.execute("PRAGMA wal_autocheckpoint = 0")
     conn.execute("PRAGMA temp_store = MEMORY")
@@ -183,7 +201,7 @@ def measure(conn: sqlite3.Connection, layout: Layout, groups: int, every: int) -
     checkpoint_cpu = 0.0
     cpu, wall = time.process_time(), time.perf_counter()
     for g, rows in enumerate(data):
-        write_group(conn, layout, rows)
+        write_group(conn, layout, rows, before)
         if g % every == every - 1 or g == groups - 1:
             started = time.process_time()
             # (busy, frames in the WAL, frames copied); the next write starts the WAL over.
@@ -211,13 +229,17 @@ def run_layout(name: str, args: argparse.Namespace, work: Path) -> list[object]:
             path = work / "measured.db"
             if inbox == "empty":
                 conn = create(path, layout)
+            elif layout.by_day:
+                conn = create(path, layout)
+                conn.execute("ATTACH DATABASE ? AS before", (str(full),))
             else:
                 for suffix in ("-wal", "-shm"):
                     Path(f"{path}{suffix}").unlink(missing_ok=True)
                 shutil.copyfile(full, path)
                 conn = sqlite3.connect(path, isolation_level=None)
                 conn.execute("PRAGMA journal_mode = WAL")
-            passes[inbox].append(measure(conn, layout, args.groups, args.checkpoint))
+            before = layout.by_day and inbox == "stored"
+            passes[inbox].append(measure(conn, layout, args.groups, args.checkpoint, before))
             conn.close()
     full.unlink()
     empty, stored = (min(passes[inbox], key=lambda p: p.cpu) for inbox in ("empty", "stored"))
