@@ -339,6 +339,33 @@ async def test_the_listener_comes_back_after_its_connection_is_killed(schema: st
 # -- dropped connections and an unreachable database --------------------------------------------
 
 
+async def test_a_pooled_connection_still_busy_is_closed_and_the_call_runs_on_another(
+    schema: str,
+) -> None:
+    """A connection back in the pool while an operation on it has not ended (as when the server
+    ended it and the driver has read why but not yet the end of the stream) makes the driver
+    refuse to start anything on it. The store closes that one and runs the call on another,
+    rather than failing the call, or the next ones, with it."""
+    store = PostgresStore(store_settings(schema))
+    await store.open()
+    try:
+        assert store._pool is not None
+        conn = await store._pool.acquire()
+        busy = asyncio.create_task(conn.fetchval("SELECT pg_sleep(30)"))
+        await asyncio.sleep(0.1)
+        await store._pool.release(conn)  # the pool hands it out next
+        assert await store.add_event(new_event("ev-1")) is True
+        await store.settle("ev-1", "alpha", Outcome("done"), now=T0 + 1)
+        record = await store.get("ev-1")
+        assert record is not None
+        assert {d.sink: d.state for d in record.deliveries}["alpha"] == "done"
+        # The busy connection was closed under its statement, not left to finish it.
+        with pytest.raises(asyncpg.ConnectionDoesNotExistError):
+            await asyncio.wait_for(busy, 10)
+    finally:
+        await store.close()
+
+
 async def test_a_statement_cut_off_by_a_dropped_connection_is_store_unavailable(
     schema: str,
 ) -> None:

@@ -46,7 +46,7 @@ from receiver.store import rules
 from receiver.store.batching import GroupCommit
 from receiver.store.postgres.browse import PostgresBrowse
 from receiver.store.postgres.conn import CHANNEL, PostgresConn
-from receiver.store.postgres.errors import _CONFLICTS, _DB_ERRORS
+from receiver.store.postgres.errors import _CONFLICTS, _DB_ERRORS, refused_to_start
 from receiver.store.postgres.intake import GROUP_WRITERS, MAX_GROUP, PostgresIntake
 from receiver.store.postgres.lanes import PostgresLanes
 from receiver.store.postgres.migrate import PostgresMigrations
@@ -222,23 +222,26 @@ class PostgresStore(
     async def _attempts(
         self, pool: Any, fn: Callable[[Any], Awaitable[T]], transaction: bool, snapshot: bool
     ) -> T:
-        for attempt in range(RETRIES_ON_CONFLICT + 1):
+        conflicts = refusals = 0
+        while True:
             try:
                 async with pool.acquire(timeout=self._timeout) as conn:
-                    if snapshot:
-                        async with conn.transaction(isolation="repeatable_read", readonly=True):
-                            return await fn(conn)
-                    if transaction:
-                        async with conn.transaction():
-                            return await fn(conn)
-                    return await fn(conn)
+                    try:
+                        return await _once(conn, fn, transaction, snapshot)
+                    except _DB_ERRORS as exc:
+                        if not refused_to_start(exc) or refusals == self.settings.pool_size:
+                            raise
+                        # A pooled connection busy for ever (see refused_to_start): closed
+                        # now, it is never handed out again, and the call runs on another.
+                        conn.terminate()
+                        refusals += 1
             except _CONFLICTS as exc:
                 # Postgres rolled the whole transaction back: running it again is safe.
-                if attempt == RETRIES_ON_CONFLICT:
+                conflicts += 1
+                if conflicts > RETRIES_ON_CONFLICT:
                     raise self._unavailable(exc) from exc
             except _DB_ERRORS as exc:
                 raise self._unavailable(exc) from exc
-        raise AssertionError("unreachable")
 
     async def _run_read(self, fn: Callable[[Conn], Awaitable[T]], *, snapshot: bool = False) -> T:
         return await self._run(lambda conn: fn(PostgresConn(conn, self._schema)), snapshot=snapshot)
@@ -322,6 +325,20 @@ class PostgresStore(
                     conn.terminate()
             await asyncio.sleep(delay)
             delay = min(delay * 2, LISTEN_BACKOFF_MAX_SECONDS)
+
+
+async def _once(
+    conn: Any, fn: Callable[[Any], Awaitable[T]], transaction: bool, snapshot: bool
+) -> T:
+    """``fn`` on ``conn``: in a read-only repeatable-read transaction (``snapshot``), in a
+    read-committed one (``transaction``) or as it is."""
+    if snapshot:
+        async with conn.transaction(isolation="repeatable_read", readonly=True):
+            return await fn(conn)
+    if transaction:
+        async with conn.transaction():
+            return await fn(conn)
+    return await fn(conn)
 
 
 async def _keep_session(_conn: Any) -> None:
