@@ -155,10 +155,18 @@ image-smoke:  ## the Dockerfile's build steps in a throwaway virtualenv
 # wheel installed with its dependencies into a throwaway virtualenv under build/ and run there
 # (`receiver --version`, then `receiver init` and `receiver migrate` on a fresh SQLite inbox).
 .PHONY: package
-package: $(VENV)/.installed-dev  ## sdist and wheel built, checked with twine check --strict, the wheel installed in a clean venv and run
+# build and twine live in a venv of their own: twine brings rich, which structlog would then load
+# in every process of the suite (a tenth of a second each) though no user's install has it.
+PACKAGE_TOOLS := build/package-tools
+$(PACKAGE_TOOLS)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(PACKAGE_TOOLS)
+	$(PACKAGE_TOOLS)/bin/pip install --quiet 'build>=1.2' 'twine>=6.1'
+	touch $@
+
+package: $(VENV)/.installed-dev $(PACKAGE_TOOLS)/.installed  ## sdist and wheel built, checked with twine check --strict, the wheel installed in a clean venv and run
 	rm -rf dist
-	$(BIN)/python -m build --quiet --outdir dist .
-	$(BIN)/twine check --strict dist/*
+	$(PACKAGE_TOOLS)/bin/python -m build --quiet --outdir dist .
+	$(PACKAGE_TOOLS)/bin/twine check --strict dist/*
 	$(BIN)/python -m tests.package --dist dist --work build/package-check --python $(PYTHON)
 
 # --- the container image, built and run for real --------------------------------------------
