@@ -51,7 +51,7 @@ demo: $(VENV)/.installed  ## simulator + receiver, a mix of events with faults, 
 # of them compiles them again (as each would where PYTHONDONTWRITEBYTECODE is set).
 TEST_WORKERS ?= 4
 COMPILE := $(BIN)/python -m compileall -q receiver tests bench
-test: $(VENV)/.installed-dev  ## the whole suite, in TEST_WORKERS processes (default 4); under 5 min on 2 cores
+test: $(VENV)/.installed-dev  ## the whole suite, in TEST_WORKERS processes (default 4); 4-5 min on 2 cores
 	@$(COMPILE)
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not slow"
 
