@@ -4,7 +4,7 @@ The contract ("Command line"): each of ``events redeliver ID``, ``events redeliv
 ``redeliver``, ``redeliver cancel``, ``lanes pause``/``resume``, ``watch`` and ``reconcile`` works
 from its own process while ``receiver serve`` runs on the same store, SQLite included, and the
 running receiver acts on it within ``worker.poll_interval_seconds``. Here the console script
-(``python -m receiver``, never a function call) runs each command several times in a row against
+(``receiver``, never a function call) runs each command several times in a row against
 a ``receiver serve`` process of its own, on SQLite and on Postgres, and the effect is looked for
 where a user sees it: the requests arriving at a capture server behind the sinks, and
 ``redeliver status`` reaching ``done``. Each effect must be seen within the poll interval plus a

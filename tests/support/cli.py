@@ -12,6 +12,11 @@ from typing import Any
 
 from tests.support.helpers import ROOT
 
+# The ``receiver`` console script of this venv, as users run it; ``python -m receiver`` where
+# the package was not installed with its scripts.
+_SCRIPT = Path(sys.executable).with_name("receiver")
+RECEIVER = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "receiver"]
+
 
 async def run_cli(
     *args: str,
@@ -19,13 +24,11 @@ async def run_cli(
     cwd: str | Path | None = None,
     under: Sequence[str] = (),
 ) -> tuple[int | None, str, str]:
-    """``python -m receiver ARGS``: (exit code, stdout, stderr). ``under`` is a command it runs
-    under (``["prlimit", "--fsize=N"]``: a file size limit standing for a full disk)."""
+    """``receiver ARGS`` (the console script): (exit code, stdout, stderr). ``under`` is a command
+    it runs under (``["prlimit", "--fsize=N"]``: a file size limit standing for a full disk)."""
     proc = await asyncio.create_subprocess_exec(
         *under,
-        sys.executable,
-        "-m",
-        "receiver",
+        *RECEIVER,
         *args,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
