@@ -268,7 +268,7 @@ bench-scale: $(VENV)/.installed-bench bench-tools  ## intake with 1M events stor
 	$(BIN)/python -m bench.scale $(BENCH_ARGS)
 
 .PHONY: bench-sqlite-layouts
-bench-sqlite-layouts: $(VENV)/.installed-bench  ## intake's transaction outside the receiver, empty vs 1M stored, for SQLite layouts (deliveries by arrival, no job index, 2 KiB pages, a file a day)
+bench-sqlite-layouts: $(VENV)/.installed-bench  ## intake's transaction outside the receiver, empty vs 1M stored, for SQLite layouts (deliveries by arrival, no job index, 2 KiB pages, a file or tables of their own a day)
 	$(BIN)/python -m bench.scale.sqlite_layouts $(BENCH_ARGS)
 
 bench-e2e: $(VENV)/.installed-bench  ## events/s against a 100 ms upstream vs the concurrency bound

@@ -17,7 +17,11 @@ groups (the receiver's is every 500 events: 16 groups), on an empty file and on 
   takes random ids before the groups are written;
 - ``new-file-by-day``: what an inbox split into a file a day would cost intake: new events go
   into today's file (an empty inbox), the stored events sit in an older day's file attached
-  beside it, where each group's ids are looked up too (a duplicate may be days late).
+  beside it, where each group's ids are looked up too (a duplicate may be days late);
+- ``tables-by-day``: the same split inside one file: the stored events keep their tables
+  (renamed), new events go into empty tables of their own beside them, looked up in both (SQLite
+  commits a transaction over several attached WAL files atomically in each file but not across
+  them, so a split that one transaction must span is safe only inside one file).
 
 Reported: CPU time an event, empty and stored, and of it the checkpoints' (the best of two
 passes each); the pages an event adds to the WAL (frames); wall time an event and stored /
@@ -85,6 +89,7 @@ class Layout:
     auto_vacuum: bool = True
     cache_kib: int | None = None  # and warmed; None: SQLite's default (the receiver's)
     by_day: bool = False  # stored events in an attached file; new ones in an empty one
+    tables_by_day: bool = False  # stored events in renamed tables; new ones in empty ones
 
 
 LAYOUTS = {
@@ -95,10 +100,17 @@ LAYOUTS = {
     "no-auto-vacuum": Layout(auto_vacuum=False),
     "cache-512mib": Layout(cache_kib=512 * 1024),
     "new-file-by-day": Layout(by_day=True),
+    "tables-by-day": Layout(tables_by_day=True),
 }
+# The tables a new event writes to, which tables-by-day gives a day of their own.
+DAY_TABLES = ("events", "deliveries", "job_outcomes")
 # The look for stored ids and outcomes in an older day's file.
 SELECT_STORED_BEFORE = SELECT_STORED.replace(" FROM events ", " FROM before.events ").replace(
     " FROM job_outcomes ", " FROM before.job_outcomes "
+)
+# The same look in the renamed tables of the same file.
+SELECT_STORED_RENAMED = SELECT_STORED.replace(" FROM events ", " FROM before_events ").replace(
+    " FROM job_outcomes ", " FROM before_job_outcomes "
 )
 # What the warmed cache reads first: every B-tree a new event's random ids land in.
 WARM = (
@@ -143,10 +155,25 @@ def group_rows(token: str, count: int, at: float, state: str) -> tuple[Rows, Row
     return events, deliveries, outcomes
 
 
+def split_tables(conn: sqlite3.Connection) -> None:
+    """tables-by-day: the stored events' tables renamed ``before_*`` (their indexes with them),
+    and empty ones made beside them as the schema makes them (their indexes named ``day_*``)."""
+    names = ", ".join(f"'{table}'" for table in DAY_TABLES)
+    made = conn.execute(
+        f"SELECT type, name, sql FROM sqlite_master WHERE tbl_name IN ({names}) "
+        "AND sql IS NOT NULL ORDER BY type DESC"  # tables first
+    ).fetchall()
+    for table in DAY_TABLES:
+        conn.execute(f"ALTER TABLE {table} RENAME TO before_{table}")
+    for kind, name, sql in made:
+        conn.execute(sql if kind == "table" else sql.replace(name, f"day_{name}", 1))
+
+
 def write_group(
     conn: sqlite3.Connection, layout: Layout, rows: tuple[Rows, Rows, Rows], before: bool = False
 ) -> None:
-    """One group as intake writes it; ``before``: its ids looked up in an older day's file too."""
+    """One group as intake writes it; ``before``: its ids looked up in an older day's file (or
+    tables) too."""
     events, deliveries, outcomes = rows
     by_arrival = layout.by_arrival
     conn.execute("BEGIN IMMEDIATE")
@@ -154,7 +181,8 @@ def write_group(
     keys = json.dumps([o[0] for o in outcomes])
     conn.execute(SELECT_STORED, (ids, keys)).fetchall()
     if before:
-        conn.execute(SELECT_STORED_BEFORE, (ids, keys)).fetchall()
+        lookup = SELECT_STORED_RENAMED if layout.tables_by_day else SELECT_STORED_BEFORE
+        conn.execute(lookup, (ids, keys)).fetchall()
     insert(conn, INSERT_OUTCOMES_HEAD, OUTCOME_ROW, outcomes)
     insert(conn, INSERT_EVENTS_HEAD, EVENT_ROW, events)
     key = "event_seq" if by_arrival else "event_id"
@@ -238,7 +266,9 @@ def run_layout(name: str, args: argparse.Namespace, work: Path) -> list[object]:
                 shutil.copyfile(full, path)
                 conn = sqlite3.connect(path, isolation_level=None)
                 conn.execute("PRAGMA journal_mode = WAL")
-            before = layout.by_day and inbox == "stored"
+                if layout.tables_by_day:
+                    split_tables(conn)
+            before = (layout.by_day or layout.tables_by_day) and inbox == "stored"
             passes[inbox].append(measure(conn, layout, args.groups, args.checkpoint, before))
             conn.close()
     full.unlink()
