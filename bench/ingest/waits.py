@@ -22,11 +22,16 @@ their means (which add up, unlike percentiles), the group sizes, and the through
 before the handler (the kernel, the event loop getting to the connection, aiohttp parsing the
 request) is wrk's latency minus the total.
 
+The garbage collections of the stamped rounds (each stops the event loop's thread) are counted
+by generation, with their longest and total pause; ``--no-gc-freeze`` runs the stamped receiver
+without what ``receiver serve`` does at start to keep its full collections short.
+
 So a reader knows the stamps do not change the picture, the same wrk runs alternate with the
 plain ``receiver serve --role intake`` (``--rounds``, 2): req/s and p99 of both, and their
 ratio::
 
     python -m bench.ingest.waits [--seconds 10] [--rounds 2] [--warmup 3] [--loop uvloop]
+        [--no-gc-freeze]
 """
 
 from __future__ import annotations
@@ -231,6 +236,22 @@ def groups_table(figures: Breakdown) -> str:
     return table.render()
 
 
+def collections_line(stamps: dict[str, Any]) -> str:
+    """The garbage collections within the stamped rounds, by generation: how many, the longest
+    and the total pause."""
+    marks = stamps["marks"]
+    spans = [(start[2], end[2]) for start, end in zip(marks[::2], marks[1::2], strict=True)]
+    pauses: dict[int, list[float]] = {0: [], 1: [], 2: []}
+    for generation, start, end in stamps.get("collections", []):
+        if any(first <= start <= last for first, last in spans):
+            pauses[generation].append(end - start)
+    return "; ".join(
+        f"generation {generation}: {len(values)}"
+        + (f", longest {ms(max(values))} ms, in all {ms(sum(values))} ms" if values else "")
+        for generation, values in pauses.items()
+    )
+
+
 def start_servers(work: Path, args: argparse.Namespace, stamps: Path) -> dict[str, Server]:
     """The stamped receiver and the plain one, each on its own inbox, on ``--loop``."""
     servers: dict[str, Server] = {}
@@ -250,6 +271,7 @@ def start_servers(work: Path, args: argparse.Namespace, stamps: Path) -> dict[st
                 str(stamps),
                 "--capacity",
                 str(capacity),
+                *(["--no-gc-freeze"] if args.no_gc_freeze else []),
                 "serve",
                 "--config",
                 str(config),
@@ -272,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--synchronous", choices=("full", "normal"), default="full")
     parser.add_argument("--loop", choices=("asyncio", "uvloop"), default=event_loop_name())
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument(
+        "--no-gc-freeze", action="store_true", help="the stamped receiver without gc.freeze()"
+    )
     args = parser.parse_args(argv)
     need_wrk()
     print(f"bench ingest waits: {machine_note(args.loop)}")
@@ -343,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     if figures.writer_busy:
         busy = ", ".join(f"{100 * b:.0f}%" for b in figures.writer_busy)
         print(f"  the intake thread is in a group's transaction {busy} of each round's time")
+    print(f"  garbage collections (the event loop stopped): {collections_line(stamps)}")
     print("")
     print("the stamps' overhead: the stamped receiver against the plain one, alternating")
     print(rounds_table(results, order))

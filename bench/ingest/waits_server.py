@@ -10,19 +10,24 @@ exactly as the ``receiver`` command does (:func:`receiver.cli.main`):
 - ``write_group`` (the store's call of it): when the writer's turn was held and the group handed
   to the intake connection's thread, and when the loop got the result back;
 - ``_write_group`` (on that thread): when the transaction began and when its COMMIT returned;
-- aiohttp's ``RequestHandler.finish_response``: when the response was written to the socket.
+- aiohttp's ``RequestHandler.finish_response``: when the response was written to the socket;
+- and each garbage collection's generation, start and end (``gc.callbacks``), during which the
+  event loop's thread does nothing else. ``--no-gc-freeze`` leaves out what ``receiver serve``
+  does at start to make the full ones short (:func:`receiver.server.freeze_startup_objects`).
 
 Stamps are ``time.perf_counter()`` values in arrays allocated at start (``--capacity`` requests
 and as many groups): no logging, no allocation that lives on, per request. SIGUSR1 records a mark
 (the request and group counts and the time) so the benchmark can tell its rounds apart; when
 ``receiver serve`` returns (after SIGTERM) every stamp is written as JSON to ``--stamps``::
 
-    python -m bench.ingest.waits_server --stamps FILE [--capacity N] serve --config C --role intake
+    python -m bench.ingest.waits_server --stamps FILE [--capacity N] [--no-gc-freeze] \\
+        serve --config C --role intake
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import signal
 import sys
@@ -61,11 +66,20 @@ class Stamps:
         self.group_count = 0
         self.dropped = 0  # requests past the capacity, not stamped
         self.marks: list[tuple[int, int, float]] = []
+        self.collections: list[tuple[int, float, float]] = []  # (generation, start, end)
+        self._collecting = 0.0
         self.waiting: dict[int, int] = {}  # id(item submitted) -> request, until its group forms
         self.handed: dict[int, int] = {}  # id(group's list) -> group, until its thread takes it
 
     def mark(self) -> None:
         self.marks.append((self.count, self.group_count, time.perf_counter()))
+
+    def on_collection(self, phase: str, info: dict[str, int]) -> None:
+        """A ``gc.callbacks`` entry: each collection's generation and its start and end."""
+        if phase == "start":
+            self._collecting = time.perf_counter()
+        else:
+            self.collections.append((info["generation"], self._collecting, time.perf_counter()))
 
     def dump(self, path: Path) -> None:
         n, g = self.count, self.group_count
@@ -73,6 +87,7 @@ class Stamps:
             "capacity": self.capacity,
             "dropped": self.dropped,
             "marks": self.marks,
+            "collections": self.collections,
             "requests": {name: stamps[:n].tolist() for name, stamps in self.requests.items()},
             "group_of": self.group_of[:n].tolist(),
             "status": self.status[:n].tolist(),
@@ -191,10 +206,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stamps", type=Path, required=True, help="JSON written at exit")
     parser.add_argument("--capacity", type=int, default=500_000, help="requests (and groups)")
+    parser.add_argument(
+        "--no-gc-freeze", action="store_true", help="leave the objects made at start collectable"
+    )
     parser.add_argument("receiver", nargs=argparse.REMAINDER, help="receiver's arguments")
     args = parser.parse_args(argv)
     stamps = Stamps(args.capacity)
     install(stamps)
+    gc.callbacks.append(stamps.on_collection)
+    if args.no_gc_freeze:
+        import receiver.server
+
+        receiver.server.freeze_startup_objects = lambda: None
     signal.signal(signal.SIGUSR1, lambda _signum, _frame: stamps.mark())
 
     from receiver.cli import main as receiver_main
