@@ -41,11 +41,11 @@ def freeze_startup_objects() -> None:
 
     CPython's full collection walks every object the collector tracks, on the event loop's
     thread, while no webhook is answered: under load on SQLite (``make bench-waits``) four in
-    twenty seconds, 32 to 40 ms each. Nearly all of those objects were made at start and live
-    as long as the process; frozen, they are never walked again (the same collections: 1 to 2
-    ms), and what requests leave behind is collected as before. (What was made at start and is
-    dropped later inside a reference cycle, such as a store connection replaced after a fault,
-    is not freed.)
+    twenty seconds, 32 ms on average and 40 at most. Nearly all of those objects were made at
+    start and live as long as the process; frozen, they are never walked again (the same
+    collections: 1.2 ms at most), and what requests leave behind is collected as before.
+    (What was made at start and is dropped later inside a reference cycle, such as a store
+    connection replaced after a fault, is not freed.)
     """
     gc.freeze()
 
