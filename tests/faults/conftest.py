@@ -18,7 +18,13 @@ async def upstream(aiohttp_server: Any) -> Simulator:
     return await serve_upstream(aiohttp_server, api_key=API_KEY, seed=23)
 
 
-@pytest.fixture(params=["download only", "beside paced and hanging sinks"])
+@pytest.fixture(
+    params=[
+        "download only",
+        # the same kills with two slow sinks beside (18-20 s): `make test-slow`
+        pytest.param("beside paced and hanging sinks", marks=pytest.mark.slow),
+    ]
+)
 async def slow_peers(request: Any, aiohttp_server: Any) -> Any:
     """``None`` (the download sink alone), or the :class:`SlowPeers` configured beside it."""
     if request.param == "download only":

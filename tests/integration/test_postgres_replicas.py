@@ -90,6 +90,7 @@ async def deliveries_by_replica(session, proc):
     return 0
 
 
+@pytest.mark.slow  # three receivers, one killed, every event counted: 20 s and more
 async def test_three_replicas_one_killed_every_event_processed_once(
     tmp_path, upstream, schema, capsys
 ):

@@ -277,6 +277,7 @@ async def schema():
         yield name
 
 
+@pytest.mark.slow  # two releases side by side on one schema: 30 s and more
 @pytest.mark.timeout(300)  # the first run installs the previous release (see releases.py)
 async def test_rolling_upgrade_from_the_previous_release_loses_and_repeats_nothing(
     tmp_path, aiohttp_server, schema, capsys
