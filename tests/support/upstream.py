@@ -31,7 +31,7 @@ async def serve_upstream(
 def rely_on(sim: Simulator, **fields: Iterable[str]) -> None:
     """Make the named optional fields always present (``event=["asset_ids"], job=["urls"]``),
     for a test about the path those fields lead to; the minimal forms the spec allows are
-    tested in tests/integration/test_spec_conformance.py."""
+    tested in tests/integration/test_spec_conformance_*.py."""
     for kind, names in fields.items():
         for name in names:
             sim.shape.pin(kind, name, PRESENT)
