@@ -222,10 +222,10 @@ image-test: image $(VENV)/.installed-dev  ## run the image: SQLite, then two con
 # --- Postgres: the store contract, outages, migrations and three replicas on one inbox --------
 .PHONY: test-postgres
 test-postgres: $(VENV)/.installed-dev  ## the Postgres tests alone (PostgreSQL on 127.0.0.1:5432)
-	RECEIVER_REQUIRE_SERVICES=1 $(BIN)/pytest -q -k postgres tests/integration/test_store_contract.py \
-		tests/integration/test_pull_store.py
+	RECEIVER_REQUIRE_SERVICES=1 $(BIN)/pytest -q -k postgres \
+		tests/integration/test_store_contract_*.py tests/integration/test_pull_store.py
 	RECEIVER_REQUIRE_SERVICES=1 $(BIN)/pytest -q tests/integration/test_migrate_cli.py \
-		tests/integration/test_postgres_store.py tests/integration/test_postgres_outage.py \
+		tests/integration/test_postgres_store_*.py tests/integration/test_postgres_outage.py \
 		tests/integration/test_postgres_replicas.py tests/integration/test_pull_replicas.py \
 		tests/upgrade/test_rolling_upgrade.py
 

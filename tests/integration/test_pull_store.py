@@ -9,7 +9,7 @@ import asyncio
 import json
 
 from receiver.store import NewEvent, Store
-from tests.integration import test_store_contract as contract
+from tests.support import store_contract as contract
 
 # The contract suite's backends: memory, SQLite, and Postgres when it is reachable.
 backend = contract.backend

@@ -15,7 +15,7 @@ from receiver.store import Outcome, Store
 from receiver.store.batches import RedeliveryFilter
 from receiver.store.sql import withdraw as withdrawals
 from receiver.store.sql.withdraw import SqlWithdrawals
-from tests.integration import test_store_contract as contract
+from tests.support import store_contract as contract
 from tests.support.store_cases import T0, delivery, new_event, records, redeliver
 
 backend = contract.backend

@@ -12,7 +12,7 @@ from receiver.delivery.redelivery import redeliver_event
 from receiver.errors import UnknownEvent
 from receiver.store import Outcome, Store
 from receiver.store.browse import Cursor, EventQuery
-from tests.integration import test_store_contract as contract
+from tests.support import store_contract as contract
 from tests.support.store_cases import T0, new_event, redeliver, states
 
 # The contract suite's backends: memory, SQLite, and Postgres when it is reachable.

@@ -13,7 +13,7 @@ import pytest
 from receiver.store import Outcome, Store
 from receiver.store.batches import RedeliveryFilter, UnknownBatch
 from receiver.store.lanes_model import LanePolicy
-from tests.integration import test_store_contract as contract
+from tests.support import store_contract as contract
 from tests.support.store_cases import T0, new_event, states
 
 backend = contract.backend
