@@ -12,7 +12,10 @@ not taken as finished: the event waits like an unfinished one, retried with back
 status is one of the four, dead (and redeliverable) after ``worker.max_attempts``. (The API
 client counts such a job in ``receiver_upstream_invalid_total{object="job",field="status"}``,
 see :mod:`receiver.upstream.conformance`.) An asset is ready only when its status is
-``completed``: whatever else it says, the event waits.
+``completed``: whatever else it says, the event waits. An asset the event names that the
+upstream answers 404 for waits the same way: "derived formats can finish after the parent job,
+so a completed parent does not guarantee every derived asset exists" (the spec's States), so
+only ``worker.max_attempts`` ends it dead.
 
 What is fetched is a :class:`~receiver.store.records.Snapshot`, stored with the event once and
 shared by all of its deliveries (:meth:`Enricher.fetch`); :meth:`Enricher.build` turns a record
@@ -27,7 +30,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any, Protocol
 
-from receiver.errors import NotReady, TransientError
+from receiver.errors import NotReady, PermanentError, TransientError
 from receiver.events import Enriched, FileRef
 from receiver.logs import get_logger
 from receiver.pull.events import unit_job_id
@@ -162,7 +165,7 @@ class Enricher:
 
     async def _fetch_assets(self, asset_ids: Mapping[str, str]) -> list[Mapping[str, Any]]:
         fetches: list[Awaitable[dict[str, Any]]] = [
-            self._upstream.get_asset(asset_id) for asset_id in asset_ids.values()
+            self._fetch_asset(key, asset_id) for key, asset_id in asset_ids.items()
         ]
         assets: list[Mapping[str, Any]] = list(await asyncio.gather(*fetches))
         for key, asset in zip(asset_ids, assets, strict=True):
@@ -171,6 +174,18 @@ class Enricher:
             if not asset.get("file_url"):
                 raise NotReady(f"asset {key} {asset.get('id')} has no file_url yet")
         return assets
+
+    async def _fetch_asset(self, key: str, asset_id: str) -> dict[str, Any]:
+        """One asset the event names; one the upstream does not know yet waits (NotReady)."""
+        try:
+            return await self._upstream.get_asset(asset_id)
+        except PermanentError as exc:
+            if exc.status != 404:
+                raise
+            raise NotReady(
+                f"asset {key} {asset_id} not found upstream yet "
+                "(a derived format can finish after its job)"
+            ) from exc
 
 
 def _asset_ids(payload: Mapping[str, Any]) -> dict[str, str]:

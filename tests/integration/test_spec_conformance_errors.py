@@ -19,6 +19,7 @@ from tests.support.pull import API_KEY, idle, metric, send_webhook
 from tests.support.spec_conformance_cases import (
     ALL_SINKS,
     ASSET,
+    DERIVED,
     JOB,
     PNG,
     PROXY_PAGE,
@@ -40,30 +41,74 @@ __all__ = ["stack"]  # fixtures, used by name
 # -- error bodies -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("missing", ["job", "asset"])
-async def test_a_404_with_only_code_and_message_is_refused_with_its_reason(stack, missing):
-    """404 ``{"error": {"code", "message"}}``: the resource is gone; the event is dead at once
-    (no retries), every delivery says why, and ``events redeliver`` can recover it."""
-    gone = error(404, "not_found", "Resource not found")
-    if missing == "job":
-        stack.upstream.job(JOB, gone)
-    else:
-        stack.upstream.job(JOB, ok(minimal_job("completed")))
-        stack.upstream.asset(ASSET, gone)
+async def test_a_404_with_only_code_and_message_is_refused_with_its_reason(stack):
+    """404 ``{"error": {"code", "message"}}`` for the job: it is gone; the event is dead at
+    once (no retries), every delivery says why, and ``events redeliver`` can recover it."""
+    stack.upstream.job(JOB, error(404, "not_found", "Resource not found"))
     body = minimal_body("job.completed", asset_ids={"image": ASSET})
 
     await send_webhook(stack.public, body)
     await idle(stack.runtime)
 
     record = await stack.record(body["id"])
-    reason = f"job {JOB} not found upstream" if missing == "job" else f"asset {ASSET} not found"
+    reason = f"job {JOB} not found upstream"
     assert record.state == "dead"
     assert {d.sink: d.state for d in record.deliveries} == dict.fromkeys(ALL_SINKS, "dead")
     assert all(reason in (d.last_error or "") for d in record.deliveries)
-    assert len(stack.upstream.to(f"/v1/{missing}s/{JOB if missing == 'job' else ASSET}")) == 1
+    assert len(stack.upstream.to(f"/v1/jobs/{JOB}")) == 1
     (dead,) = stack.logged("event dead: the job could not be fetched")
     assert dead["log_level"] == "error" and reason in dead["error"]
     assert stack.forward.requests == stack.chat.requests == []
+
+
+async def test_an_asset_the_upstream_does_not_know_yet_waits_then_is_delivered(stack):
+    """The spec's States: "Derived formats can finish after the parent job, so a completed
+    parent does not guarantee every derived asset exists." An asset the event names that
+    answers 404: the event waits (neither dead at once nor delivered without that file) and
+    goes out with every file once the asset exists."""
+    image = minimal_asset(ASSET, stack.upstream.serve_file("ready.png", file_answer(PNG)))
+    late = stack.upstream.serve_file("late.mp4", file_answer(b"hevc bytes", "video/mp4"))
+    hevc = minimal_asset(DERIVED, late, type="hevc")
+    gone = error(404, "not_found", "Resource not found")
+    stack.upstream.job(JOB, ok(minimal_job("completed")))
+    stack.upstream.asset(ASSET, ok(image))
+    stack.upstream.asset(DERIVED, gone, gone, gone, ok(hevc))
+    body = minimal_body("job.completed", asset_ids={"image": ASSET, "hevc": DERIVED})
+
+    await send_webhook(stack.public, body)
+    await idle(stack.runtime)
+
+    record = await stack.record(body["id"])
+    assert record.state == "done"
+    assert {d.sink: d.state for d in record.deliveries} == dict.fromkeys(ALL_SINKS, "done")
+    assert len(stack.upstream.to(f"/v1/assets/{DERIVED}")) == 4
+    assert stack.files() == {
+        f"_unknown-collection/_unnamed/image-{ASSET}.png": PNG,
+        f"_unknown-collection/_unnamed/hevc-{DERIVED}.mp4": b"hevc bytes",
+    }
+    assert [e["assets"] for e in stack.forwarded()] == [[image, hevc]]
+    waits = stack.logged("fetching the job failed; will retry")
+    assert len(waits) == 3
+    assert all(f"asset hevc {DERIVED} not found upstream yet" in w["error"] for w in waits)
+    assert stack.logged("event dead: the job could not be fetched") == []
+
+
+async def test_an_asset_that_never_appears_ends_dead_after_max_attempts(stack):
+    """Waiting for an asset has the same end as any retry: dead (and redeliverable) after
+    ``worker.max_attempts``, every delivery naming the asset."""
+    stack.upstream.job(JOB, ok(minimal_job("completed")))
+    stack.upstream.asset(ASSET, error(404, "not_found", "Resource not found"))
+    body = minimal_body("job.completed", asset_ids={"image": ASSET})
+
+    await send_webhook(stack.public, body)
+    await idle(stack.runtime)
+
+    record = await stack.record(body["id"])
+    reason = f"gave up after 12 attempts: asset image {ASSET} not found upstream yet"
+    assert record.state == "dead"
+    assert all(reason in (d.last_error or "") for d in record.deliveries)
+    assert len(stack.upstream.to(f"/v1/assets/{ASSET}")) == 12
+    assert stack.forward.requests == stack.chat.requests == [] and stack.files() == {}
 
 
 async def test_a_400_names_the_upstream_code_and_message(stack):

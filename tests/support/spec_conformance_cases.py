@@ -32,6 +32,7 @@ from tests.support.spec_upstream import (
 
 JOB = "8d3c6f0e-2b1a-4c5d-9e8f-7a6b5c4d3e2f"
 ASSET = "1a2b3c4d-5e6f-4a7b-8c9d-0e1f2a3b4c5d"
+DERIVED = "5e6f7a8b-9c0d-4e1f-8a2b-3c4d5e6f7a8b"  # a derived format (hevc) of the same job
 COLLECTION = "c0ffee00-1111-4222-8333-444455556666"
 ITEM = "17e40000-aaaa-4bbb-8ccc-ddddeeeeffff"
 CREATED = "2026-05-01T10:00:00+00:00"
