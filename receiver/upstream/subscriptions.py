@@ -107,7 +107,7 @@ async def register(
                 lambda: client.create_webhook(url, events), repeatable=lambda e: e.status == 429
             )
         except ReceiverError as exc:
-            if isinstance(exc, TransientError) and exc.status is not None and exc.status >= 500:
+            if _may_have_written(exc):
                 raise SubscriptionError(
                     f"{exc.message}; a subscription may have been created anyway, without its "
                     "secret: check `receiver webhooks list` and delete any you do not know"
@@ -157,6 +157,17 @@ async def delete(settings: Settings, webhook_id: str) -> None:
             raise _explain(exc, settings) from None
         except ReceiverError as exc:
             raise _explain(exc, settings) from None
+
+
+def _may_have_written(exc: ReceiverError) -> bool:
+    """Whether a failed create may have been carried out all the same: a 5xx ("a write may
+    have committed"), or no answer after the request went out (a timeout does not cancel a
+    write)."""
+    if not isinstance(exc, TransientError):
+        return False
+    if exc.status is not None:
+        return exc.status >= 500
+    return isinstance(exc.__cause__, (TimeoutError, aiohttp.ServerDisconnectedError))
 
 
 async def _patiently(

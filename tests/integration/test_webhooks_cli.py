@@ -252,3 +252,19 @@ async def test_register_waits_out_a_429_but_never_repeats_after_a_5xx(tmp_path, 
     with pytest.raises(ReceiverError, match="may have been created anyway"):
         await subscriptions.register(settings, "https://h.example/w", None)
     assert sim.requests["POST /v1/webhooks"] == before + 1  # the secret may be lost: no retry
+
+
+async def test_register_that_gets_no_answer_says_a_subscription_may_exist(
+    tmp_path, upstream
+) -> None:
+    """The spec: a timeout does not cancel a write. A registration the upstream does not
+    answer in time is not repeated either, and the one line says what to check."""
+    upstream.latency_seconds = 2.0
+    api = {"base_url": upstream.base_url, "api_key": API_KEY, "timeout_seconds": 0.5}
+    cfg = config(tmp_path, upstream, api=api)
+    code, out, err = await webhooks("register", "--url", "https://h.example/w", "--config", cfg)
+    assert (code, out) == (1, ""), err
+    (line,) = err.strip().splitlines()
+    assert "did not answer within 0.5s" in line and "may have been created anyway" in line
+    assert "webhooks list" in line
+    assert upstream.requests["POST /v1/webhooks"] == 1
