@@ -16,7 +16,7 @@ talks to the library, so callers never see a driver's exception::
     └── DeliveryError               one processing attempt failed (has ``retry_after``)
         ├── TransientError          worth retrying with backoff (5xx, 429, timeouts, not ready)
         │   ├── NotReady            the job or an asset is not finished yet
-        │   │   └── UrlRefused      a file's signed URL was refused (403): maybe expired
+        │   │   └── UrlRefused      a file's signed URL refused (403, 400, 401, 410): expired?
         │   ├── UpstreamAuthError   the upstream refused the API key (401/403): retried, loud
         │   └── VersionRefused      the upstream refused the pinned api.version: retried, never dead
         └── PermanentError          retrying cannot help (404 job, 410 Gone): dead at once

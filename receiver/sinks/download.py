@@ -61,6 +61,11 @@ CHUNK_BYTES = 64 * 1024
 #: How a file's fetch is named on the event's timeline and trace (its URL is signed).
 FILE_ENDPOINT = "{file_url}"
 WRITE_BATCH_BYTES = 1024 * 1024
+# The spec gives signed URLs no lifetime and no answer for an expired one; object stores answer
+# one with 403 (S3, CloudFront, Azure), 400 (Google Cloud Storage), 401 or 410. Each is taken as
+# a refused URL: the asset is fetched again for a fresh one, and the delivery retried with
+# backoff (dead after max_attempts) should that be refused too.
+EXPIRED_URL_STATUSES = frozenset({400, 401, 410})
 MAX_COMPONENT_BYTES = 100  # UTF-8 bytes; a file name joins two components, well under 255
 UNKNOWN_COLLECTION = "_unknown-collection"
 UNNAMED_ITEM = "_unnamed"
@@ -179,8 +184,9 @@ class DownloadSink:
     """Writes every file of an event under ``directory``, atomically.
 
     Options: ``directory``, ``allow_private_networks``, ``max_file_bytes``. Files of one event
-    are fetched one after the other; a file not ready yet (404/403) does not stop the others,
-    any other failure ends the attempt. ``bytes_written`` and ``files_written`` count what this
+    are fetched one after the other; a file not ready yet (404) or whose URL was refused (403,
+    or :data:`EXPIRED_URL_STATUSES`) does not stop the others, any other failure ends the
+    attempt. ``bytes_written`` and ``files_written`` count what this
     sink has written (also exported as ``receiver_downloaded_bytes_total``). ``address_policy``
     and ``resolver`` are for tests: which addresses count as public, and the resolver the guard
     wraps.
@@ -319,6 +325,8 @@ class DownloadSink:
             return
         if status == 403:  # the signed URL expired, or the file does not exist yet
             raise UrlRefused(f"{what} file not ready (HTTP 403)")
+        if status in EXPIRED_URL_STATUSES:
+            raise UrlRefused(f"{what} file URL refused (HTTP {status}): it may have expired")
         if status == 404:
             raise NotReady(f"{what} file not ready (HTTP 404)")
         if status == 429:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from receiver.errors import NotReady, PermanentError, TransientError
+from receiver.errors import NotReady, PermanentError, TransientError, UrlRefused
 from tests.support.download_sink_cases import (
     SinkFactory,
     base,
@@ -131,7 +131,19 @@ async def test_429_is_transient_with_retry_after(make_sink: SinkFactory, base: s
     assert caught.value.retry_after == 7.0
 
 
-@pytest.mark.parametrize("code", [400, 410, 451])
+@pytest.mark.parametrize("code", [400, 401, 410])
+async def test_an_expired_url_answer_is_a_refused_url(
+    make_sink: SinkFactory, base: str, code: int
+) -> None:
+    """How object stores answer an expired signed URL: the asset is fetched again."""
+    sink = await make_sink(allow_private_networks=True)
+    file = ref(f"{base}/status/{code}")
+    with pytest.raises(UrlRefused, match=f"HTTP {code}") as caught:
+        await sink.send(enriched(file))
+    assert caught.value.asset_ids == (file.asset_id,)
+
+
+@pytest.mark.parametrize("code", [405, 422, 451])
 async def test_other_4xx_is_permanent(make_sink: SinkFactory, base: str, code: int) -> None:
     sink = await make_sink(allow_private_networks=True)
     with pytest.raises(PermanentError, match=f"HTTP {code}"):

@@ -187,6 +187,26 @@ async def test_a_file_url_allocated_before_its_file_is_retried(stack):
     assert len(stack.upstream.to("/files/soon.png")) == 2
 
 
+@pytest.mark.parametrize("refusal", [403, 400, 401, 410])
+async def test_an_expired_file_url_is_fetched_again(stack, refusal):
+    """The spec gives a signed ``file_url`` no lifetime and no answer once expired: refused the
+    way object stores refuse an expired one (403; 400, 401 or 410), the asset is fetched again
+    and the file downloaded from the fresh URL in the same attempt."""
+    expired = stack.upstream.serve_file("old.png", error(refusal, "expired", "Request expired"))
+    fresh = stack.upstream.serve_file("new.png", file_answer(PNG))
+    stack.upstream.job(JOB, ok(minimal_job("completed")))
+    stack.upstream.asset(ASSET, ok(minimal_asset(ASSET, expired)), ok(minimal_asset(ASSET, fresh)))
+    body = minimal_body("job.completed", asset_ids={"image": ASSET})
+
+    await send_webhook(stack.public, body)
+    await idle(stack.runtime)
+
+    assert (await stack.states(body["id"]))["files"] == ("done", 1)
+    assert stack.files() == {f"_unknown-collection/_unnamed/image-{ASSET}.png": PNG}
+    assert len(stack.upstream.to(f"/v1/assets/{ASSET}")) == 2
+    assert len(stack.upstream.to("/files/old.png")) == len(stack.upstream.to("/files/new.png")) == 1
+
+
 async def test_unknown_fields_are_ignored(stack):
     """Extra members in the body, the envelope, the job and the asset change nothing; the
     body's own (stale) ``urls`` are never fetched."""
