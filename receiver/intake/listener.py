@@ -5,7 +5,8 @@ nor how long it may stay silent: a client sending a few bytes and stalling (slow
 a connection, and a file descriptor, for as long as it likes. :class:`PublicRunner` gives every
 new connection ``header_timeout`` seconds to deliver complete headers, then closes it. Later
 requests on a kept-alive connection are covered by aiohttp's keep-alive timeout, and request
-bodies by intake's read timeout (``server.read_timeout_seconds``).
+bodies by intake's read timeout (``server.read_timeout_seconds``). Requests aiohttp cannot
+parse are answered in the contract's error format (:mod:`receiver.intake.protocol_errors`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import asyncio
 from typing import Any
 
 from aiohttp import web
+
+from receiver.intake.protocol_errors import answer_in_json
 
 _END_OF_HEADERS = b"\r\n\r\n"
 
@@ -82,7 +85,7 @@ class _Factory:
         self._timeout = timeout
 
     def __call__(self) -> HeaderDeadline:
-        return HeaderDeadline(self._server(), self._timeout)
+        return HeaderDeadline(answer_in_json(self._server()), self._timeout)
 
 
 class PublicRunner(web.AppRunner):

@@ -1,4 +1,5 @@
-"""Requests too malformed for aiohttp to parse: a 400 and one log line, never a traceback."""
+"""Requests too malformed for aiohttp to parse: a 400 in the contract's error format and one log
+line, never a traceback."""
 
 import asyncio
 import json
@@ -10,13 +11,21 @@ JUNK = (
     b"GARBAGE \x00\x01\r\n\r\n",
     b"POST /webhooks HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
     b"POST /webhooks HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n\r\n",
+    b"POST /webhooks HTTP/1.1\r\nHost: x\r\nContent-Type: a\r\nContent-Type: b\r\n"
+    b"Content-Length: 2\r\n\r\n{}",
+    b"POST /webhooks HTTP/1.1\r\nHost: x\r\nX-Junk: a\x01b\r\nContent-Length: 0\r\n\r\n",
+    b"POST /webhooks HTTP/1.1\r\nHost: x\r\nX-Junk: " + b"a" * 9000 + b"\r\n\r\n",
 )
 
 
 def exchange(port: int, data: bytes) -> bytes:
+    """The whole answer: the receiver closes the connection after it."""
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
         s.sendall(data)
-        return s.recv(200)
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+        return answer
 
 
 async def test_unparseable_requests_are_one_line_each(tmp_path):
@@ -36,7 +45,11 @@ async def test_unparseable_requests_are_one_line_each(tmp_path):
         await proc.wait_ready()
         for junk in JUNK:
             answer = await asyncio.to_thread(exchange, proc.public_port, junk)
-            assert answer.startswith(b"HTTP/1.") and b" 400 " in answer.split(b"\r\n")[0]
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.") and b" 400 " in head.split(b"\r\n")[0], answer
+            assert b"content-type: application/json" in head.lower(), answer
+            error = json.loads(body)["error"]
+            assert error["code"] == "malformed_payload" and error["message"], body
         await asyncio.sleep(0.3)
         assert proc.terminate() == 0
     finally:
