@@ -51,7 +51,7 @@ demo: $(VENV)/.installed  ## simulator + receiver, a mix of events with faults, 
 # of them compiles them again (as each would where PYTHONDONTWRITEBYTECODE is set).
 TEST_WORKERS ?= 4
 COMPILE := $(BIN)/python -m compileall -q receiver tests bench
-test: $(VENV)/.installed-dev  ## the whole suite, in TEST_WORKERS processes (default 4); 4-5 min on 2 cores
+test: $(VENV)/.installed-dev  ## the suite but its slow proofs (make test-slow), in TEST_WORKERS processes (default 4); about 4 min on 2 cores
 	@$(COMPILE)
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not slow"
 
@@ -69,7 +69,7 @@ format: $(VENV)/.installed-dev  ## ruff format and fix what it can
 typecheck: $(VENV)/.installed-dev  ## mypy --strict on receiver/
 	$(BIN)/mypy
 
-check: lint typecheck test  ## lint, typecheck and the whole suite
+check: lint typecheck test  ## lint, typecheck and make test
 
 # docs/configuration.md is generated from the config schema; tests/unit/test_docs.py fails while
 # the committed page differs from it.
