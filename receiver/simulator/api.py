@@ -172,7 +172,7 @@ class Simulator(UpstreamVersions):
 
     async def _get_asset(self, request: web.Request) -> web.Response:
         asset_id = request.match_info["id"]
-        if asset_id not in self.assets:
+        if asset_id not in self.assets or self.asset_missing(asset_id):
             return _error(404, "not_found", "Asset not found.")
         if self.asset_status(asset_id) == "completed":
             self.fetched.add(f"asset:{asset_id}")

@@ -128,6 +128,11 @@ examples:
         help="webm/hevc/stacked_video finish this long after the job",
     )
     faults.add_argument(
+        "--derived-missing",
+        action="store_true",
+        help="until then they do not exist: GET /v1/assets/{id} answers 404 (not processing)",
+    )
+    faults.add_argument(
         "--pending-for",
         type=float,
         default=0.0,
@@ -263,6 +268,7 @@ def options_from_args(
             clock_skew_seconds=args.clock_skew,
         ),
         derived_delay=args.derived_delay,
+        derived_missing=args.derived_missing,
         pending_for=args.pending_for,
         rate_limit_fraction=args.rate_limit,
         retry_after=args.retry_after,

@@ -42,12 +42,13 @@ API_KEY = "service_" + "de30" * 16
 ADMIN_TOKEN = "demo-admin-token"  # noqa: S105 - the demo config's, not a secret
 EVENTS = 15
 KINDS = "image,animation,logo,scene,failed"
-FAULTS = {
+FAULTS: dict[str, str | None] = {
     "--duplicates": "0.2",  # a fifth of the events delivered twice
     "--out-of-order": "0.2",  # held back up to 1.5 s, so later events overtake them
     "--hold-back": "1.5",
     "--clock-skew": "20",  # the signer's clock 20 s ahead (within the 300 s tolerance)
     "--derived-delay": "2",  # webm/hevc/stacked_video finish 2 s after their job
+    "--derived-missing": None,  # and until then do not exist (their GET /v1/assets answers 404)
     "--rate-limit": "0.05",  # one API call in twenty answers 429 with Retry-After: 1
     "--retry-after": "1",
     "--server-errors": "0.03",  # a few answer 500
@@ -118,7 +119,7 @@ class Demo:
         config.write_text(config_text)
         sim_url = f"http://127.0.0.1:{sim_port}"
 
-        faults = [item for pair in FAULTS.items() for item in pair]
+        faults = [item for pair in FAULTS.items() for item in pair if item is not None]
         self.start(
             "simulator",
             [
@@ -133,7 +134,7 @@ class Demo:
         )
         self.wait(lambda: _get_json(f"{sim_url}/_simulator/summary") is not None, "simulator")
         self.say(f"simulator  {sim_url}/v1: {EVENTS} jobs ({KINDS}) once a subscription exists")
-        self.say("           faults: " + " ".join(f"{k} {v}" for k, v in FAULTS.items()))
+        self.say("           faults: " + " ".join(filter(None, faults)))
         self.say(
             f"           retries on the upstream's schedule x {TIME_SCALE} "
             "(1 min -> 60 ms, 5 min -> 300 ms, 30 min -> 1.8 s ...)"
@@ -291,7 +292,10 @@ class Demo:
 
 
 def _free(port: int) -> bool:
+    """Whether a server could listen on ``port`` now: as servers do, ``SO_REUSEADDR``, so the
+    connections of a run that just ended (TIME_WAIT) do not count."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:

@@ -67,6 +67,7 @@ class SimulateOptions:
     concurrency: int = 32
     faults: DeliveryFaults = field(default_factory=DeliveryFaults)
     derived_delay: float = 0.0
+    derived_missing: bool = False
     pending_for: float = 0.0
     rate_limit_fraction: float = 0.0
     retry_after: float | None = None
@@ -144,6 +145,7 @@ class Simulation:
         self.options = options
         self.sim = Simulator(api_key=options.api_key, seed=options.seed, shape=options.shape)
         self.sim.derived_delay_seconds = options.derived_delay
+        self.sim.derived_missing = options.derived_missing
         self.sim.job_pending_for_seconds = options.pending_for
         self.sim.rate_limit_fraction = options.rate_limit_fraction
         self.sim.retry_after = options.retry_after

@@ -51,7 +51,9 @@ class SimulatorState(SimulatorViews, PullingState):
     - ``latency_seconds``: added to every API call (not to file downloads).
     - ``job_pending_for_seconds``: a job reports ``processing`` until that long after creation.
     - ``derived_delay_seconds``: derived formats (webm, hevc, stacked_video) stay
-      ``processing``, their files answering 404, until that long after the job completed.
+      ``processing``, their files answering 404, until that long after the job completed;
+      with ``derived_missing`` they do not exist until then: ``GET /v1/assets/{id}`` answers
+      404 (the spec: "a completed parent does not guarantee every derived asset exists").
     - ``expired_urls``: file URLs are issued already expired (the file answers 403);
       ``expired_url_fraction``: that fraction of the issued URLs is.
     - ``no_webhook_fraction`` and 429 bursts: see :mod:`receiver.simulator.pulling`.
@@ -90,6 +92,7 @@ class SimulatorState(SimulatorViews, PullingState):
         self.latency_seconds = 0.0
         self.job_pending_for_seconds = 0.0
         self.derived_delay_seconds = 0.0
+        self.derived_missing = False
         self.expired_urls = False
         self.expired_url_fraction = 0.0
         self.requests: Counter[str] = Counter()

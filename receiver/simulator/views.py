@@ -38,6 +38,7 @@ class SimulatorViews:
     url_ttl_seconds: float
     job_pending_for_seconds: float
     derived_delay_seconds: float
+    derived_missing: bool
     expired_urls: bool
     expired_url_fraction: float
     _url_key: bytes
@@ -72,6 +73,17 @@ class SimulatorViews:
         ):
             return "processing"
         return "completed"
+
+    def asset_missing(self, asset_id: str) -> bool:
+        """Whether a derived asset does not exist yet (``derived_missing``, its job complete,
+        the derived delay not over)."""
+        asset = self.assets[asset_id]
+        return (
+            self.derived_missing
+            and asset.type in DERIVED_TYPES
+            and self.job_status(asset.job_id) == "completed"
+            and self.asset_status(asset_id) == "processing"
+        )
 
     def signed_url(self, asset_id: str, base_url: str | None = None) -> str:
         """A fresh signed file URL (already expired when ``expired_urls`` is set)."""

@@ -108,14 +108,18 @@ async def test_webhook_urls_are_never_downloaded(pipeline):
     assert len(files_under(dl)) == len(payload["asset_ids"])
 
 
-async def test_derived_formats_arriving_late_are_retried_not_skipped(pipeline):
+@pytest.mark.parametrize("missing", [False, True], ids=["processing", "not there yet"])
+async def test_derived_formats_arriving_late_are_retried_not_skipped(pipeline, missing):
+    """Derived formats finish after their job: still ``processing``, or (the spec: "a completed
+    parent does not guarantee every derived asset exists") answering 404 until they exist."""
     runtime, client, sim, dl = pipeline
-    sim.derived_delay_seconds = 0.6
+    sim.derived_delay_seconds, sim.derived_missing = 0.6, missing
     rely_on(sim, event=["asset_ids"])
     payload = sim.add_job("animation", item_name="dance")
     await send(client, payload)
     record = await settled(runtime, payload["id"])
     assert record.deliveries[0].attempts > 1
+    assert (sim.responses["GET /v1/assets/{id}", 404] > 0) is missing
     kinds = sorted(name.split("/")[-1].split("-")[0] for name in files_under(dl))
     assert kinds == sorted(payload["asset_ids"])
     assert {Path(n).suffix for n in files_under(dl)} >= {".mp4", ".webm"}

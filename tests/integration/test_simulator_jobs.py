@@ -122,6 +122,27 @@ async def test_derived_formats_lag_behind(
         assert (await fetch(client, urls[asset_type]))[0] == 200
 
 
+async def test_derived_formats_missing_until_they_finish(
+    client: TestClient[Any, Any], sim: Simulator, clock: FakeClock
+) -> None:
+    """``derived_missing``: a derived asset the webhook names does not exist until it is done."""
+    sim.derived_delay_seconds, sim.derived_missing = 60, True
+    payload = sim.add_job("animation")
+    derived = {t: a for t, a in payload["asset_ids"].items() if t in DERIVED_TYPES}
+    assert derived and len(derived) < len(payload["asset_ids"])
+
+    for asset_type, asset_id in payload["asset_ids"].items():
+        status = 404 if asset_type in derived else 200
+        body = await api(client, f"/v1/assets/{asset_id}", status)
+        assert (body["error"]["code"] if status == 404 else body["data"]["status"]) == (
+            "not_found" if status == 404 else "completed"
+        ), asset_type
+
+    clock.advance(61)
+    for asset_id in derived.values():
+        assert (await api(client, f"/v1/assets/{asset_id}"))["data"]["status"] == "completed"
+
+
 # ------------------------------------------------------------------ long-poll
 
 
