@@ -3,7 +3,9 @@
 Every failure is translated here into the receiver's exception tree (no aiohttp exception leaves
 this module)::
 
-    429                              TransientError (retry_after from Retry-After when given)
+    429                              TransientError (retry_after from Retry-After when given;
+                                     with it, the client sends nothing until then:
+                                     :mod:`receiver.upstream.retry_after_gate`)
     5xx, 3xx, network error, timeout TransientError
     2xx with a body that is not JSON TransientError
       or has no ``data``
@@ -53,6 +55,7 @@ from receiver.upstream.reads import (  # the routes of the operations declared t
     WEBHOOK_ENDPOINT,
     WEBHOOKS_ENDPOINT,
 )
+from receiver.upstream.retry_after_gate import RetryAfterGate
 
 log = get_logger(__name__)
 
@@ -96,6 +99,8 @@ class UpstreamClient:
         self.pin = VersionPin(api_version, metrics)
         #: What the upstream's answers say about retiring the endpoints used.
         self.deprecations = DeprecationWatch(metrics)
+        #: Closed by a 429's Retry-After: no request is sent until it has passed.
+        self.retry_after_gate = RetryAfterGate()
         # Every request's headers: built here only.
         self._headers = {
             "Authorization": f"Bearer {api_key}",
@@ -220,6 +225,7 @@ class UpstreamClient:
         translated exception."""
         if self._session.closed:
             raise TransientError(f"cannot fetch {what}: the HTTP session is closed")
+        await self.retry_after_gate.pass_through(what)
         url = self._base_url + path
         total = total_seconds or self._timeout
         started_at = time.time()
@@ -302,6 +308,8 @@ class UpstreamClient:
         if status == 400 and (refused := self.pin.refusal(endpoint, summary, code, detail, param)):
             raise refused
         retry_after = parse_retry_after(retry_after_header)
+        if status == 429 and retry_after is not None:
+            self.retry_after_gate.close_for(retry_after)
         if status == 429 or status >= 500:
             raise TransientError(summary, retry_after=retry_after, status=status)
         if status in (401, 403):

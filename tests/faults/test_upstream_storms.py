@@ -95,9 +95,11 @@ async def test_storm_ends_with_every_event_done_and_no_hot_loop(
         await wait_for(all_done, 30, 0.05, "every event done after the storm")
         records = [await runtime.store.get(p["id"]) for p in payloads]
 
-    assert refused_in_storm > EVENTS / 2, "the storm refused almost nothing: it tested nothing"
-    assert final_files(tmp_path / "dl") == expected_files(upstream, payloads)
     floor = 1.0 if STORMS[storm].get("retry_after") else 0.0
+    # With Retry-After the client asks nothing more until then: a few refusals a second at most.
+    least = STORM_SECONDS if floor else EVENTS / 2
+    assert refused_in_storm >= least, "the storm refused almost nothing: it tested nothing"
+    assert final_files(tmp_path / "dl") == expected_files(upstream, payloads)
     attempts = []
     for record in records:
         assert record is not None
@@ -108,5 +110,8 @@ async def test_storm_ends_with_every_event_done_and_no_hot_loop(
             f"{delivery.attempts} attempts in {elapsed:.2f} s break the backoff schedule"
         )
     # Every job request the upstream answered is one counted attempt: nothing retries unseen.
-    assert upstream.requests["GET /v1/jobs/{id}"] == sum(attempts)
+    # (After a 429 with Retry-After the client sends nothing until then: an attempt made
+    # meanwhile counts, but never reaches the upstream.)
+    requests = upstream.requests["GET /v1/jobs/{id}"]
+    assert requests <= sum(attempts) if floor else requests == sum(attempts)
     assert max(attempts) > 1

@@ -12,9 +12,11 @@ the test that shows it going without.
 from __future__ import annotations
 
 import json
+import uuid
 
 import pytest
 
+from tests.support.helpers import wait_for
 from tests.support.pull import API_KEY, idle, metric, send_webhook
 from tests.support.spec_conformance_cases import (
     ALL_SINKS,
@@ -147,6 +149,38 @@ async def test_429_without_retry_after_backs_off_then_succeeds(stack):
     assert [r["attempt"] for r in retries] == [1, 2]
     assert all(r["error"].startswith("upstream answered 429 rate_limited") for r in retries)
     assert [e["job"] for e in stack.forwarded()] == [job]
+
+
+async def test_after_a_429_with_retry_after_nothing_is_asked_until_then(stack):
+    """The spec's Errors, rule 2: "After a 429, clients wait for Retry-After when present". A
+    job answered 429 with ``Retry-After: 3``: no request, for that event or any other, reaches
+    the upstream in those 3 seconds; then every event is delivered."""
+    limited = error(429, "rate_limited", "Too many requests", {"Retry-After": "3"})
+    stack.upstream.job(JOB, limited, ok(minimal_job("completed")))
+    others = [str(uuid.uuid4()) for _ in range(3)]
+    for job_id in others:
+        stack.upstream.job(job_id, ok(minimal_job("completed", job_id)))
+    first = minimal_body("job.completed")
+    await send_webhook(stack.public, first)
+
+    async def refused() -> bool:
+        return bool(stack.upstream.to(f"/v1/jobs/{JOB}"))
+
+    await wait_for(refused, 10, what="the 429")
+    bodies = [minimal_body("job.completed", job_id) for job_id in others]
+    for body in bodies:
+        await send_webhook(stack.public, body)
+    await idle(stack.runtime)
+
+    refused_at = stack.upstream.to(f"/v1/jobs/{JOB}")[0].at
+    for job_id in [JOB, *others]:
+        asked = [r.at for r in stack.upstream.to(f"/v1/jobs/{job_id}")]
+        assert asked[-1] >= refused_at + 3, (job_id, [a - refused_at for a in asked])
+    assert len(stack.upstream.to(f"/v1/jobs/{JOB}")) == 2
+    for body in [first, *bodies]:
+        assert (await stack.record(body["id"])).state == "done"
+    held = [r["error"] for r in stack.logged("fetching the job failed; will retry")]
+    assert any("it asked to wait" in reason for reason in held), held
 
 
 async def test_a_502_that_is_not_json_is_transient(stack):
