@@ -186,10 +186,9 @@ class DownloadSink:
     Options: ``directory``, ``allow_private_networks``, ``max_file_bytes``. Files of one event
     are fetched one after the other; a file not ready yet (404) or whose URL was refused (403,
     or :data:`EXPIRED_URL_STATUSES`) does not stop the others, any other failure ends the
-    attempt. ``bytes_written`` and ``files_written`` count what this
-    sink has written (also exported as ``receiver_downloaded_bytes_total``). ``address_policy``
-    and ``resolver`` are for tests: which addresses count as public, and the resolver the guard
-    wraps.
+    attempt. ``bytes_written`` and ``files_written`` count what this sink has written (also
+    exported as ``receiver_downloaded_bytes_total``). ``address_policy`` and ``resolver`` are
+    for tests: which addresses count as public, and the resolver the guard wraps.
     """
 
     def __init__(
