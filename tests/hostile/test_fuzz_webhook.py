@@ -3,8 +3,9 @@
 Hypothesis builds hostile requests (bodies truncated, huge, not UTF-8, not JSON, JSON of the
 wrong shape; signatures missing, wrong, stale, garbled or duplicated; lying, duplicated or absent
 ``Content-Length``; chunked bodies, valid and broken; compressed bodies; junk headers) and sends
-each exactly as built. For every request: no 5xx, the event is stored if and only if the answer
-was 2xx, and the process is still alive.
+each exactly as built. For every request: no 5xx, every refusal in the contract's error format
+(``{"error": {"code", "message"}}`` with one of its codes), the event stored if and only if the
+answer was 2xx, and the process still alive.
 
 The suite runs ``RECEIVER_FUZZ_EXAMPLES`` examples (default 200); ``make fuzz`` runs 100,000.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import socket
 import sqlite3
 import time
@@ -58,6 +60,18 @@ JSON_VALUES = st.recursive(
 )
 
 outcomes: Counter[str] = Counter()
+# The contract's error codes of the public listener.
+ERROR_CODES = frozenset(
+    {
+        "missing_signature",
+        "invalid_signature",
+        "stale_timestamp",
+        "payload_too_large",
+        "malformed_payload",
+        "unavailable",
+    }
+)
+CONTENT_LENGTH = re.compile(rb"(?im)^content-length:\s*(\d+)\s*$")
 
 
 @dataclass
@@ -218,8 +232,9 @@ def hostile_requests(draw: st.DrawFn) -> Hostile:
     return request
 
 
-def exchange(port: int, data: bytes) -> int | None:
-    """Send ``data`` and return the first answer's status (None: closed with no answer).
+def exchange(port: int, data: bytes) -> tuple[int | None, bytes]:
+    """Send ``data``; the first answer's status (None: closed with no answer) and, when it is
+    not a 2xx, its body (as far as it came).
 
     The client never half-closes: aiohttp closes a connection at EOF, before answering.
     """
@@ -228,14 +243,27 @@ def exchange(port: int, data: bytes) -> int | None:
         with contextlib.suppress(OSError):
             sock.sendall(data)
         received = b""
-        try:
-            while b"\r\n" not in received:
+        with contextlib.suppress(ConnectionResetError):
+            while b"\r\n\r\n" not in received:
                 chunk = sock.recv(4096)
                 if not chunk:
                     break
                 received += chunk
-        except ConnectionResetError:
-            pass
+            status = _status(received)
+            if status is not None and not 200 <= status < 300:
+                head, _, body = received.partition(b"\r\n\r\n")
+                length = CONTENT_LENGTH.search(head)
+                size = int(length.group(1)) if length is not None else None
+                while size is not None and len(body) < size:
+                    chunk = sock.recv(4096)
+                    if not chunk:
+                        break
+                    body += chunk
+                return status, body[:size]  # not the answers to what was pipelined after it
+    return _status(received), b""
+
+
+def _status(received: bytes) -> int | None:
     if not received.startswith(b"HTTP/1."):
         return None
     return int(received.split(b" ", 2)[1])
@@ -270,9 +298,12 @@ def test_no_hostile_request_gets_a_5xx_or_stores_a_refused_event(
     hostile: Hostile, fuzz_intake: ReceiverProcess, inbox: Any
 ) -> None:
     port = fuzz_intake.public_port
-    status = exchange(port, hostile.to_bytes(port))
+    status, body = exchange(port, hostile.to_bytes(port))
     outcomes[str(status) if status is not None else "no answer"] += 1
     assert status is None or status < 500, status
+    if status is not None and status >= 400:  # the contract's error body, whatever refused it
+        error = json.loads(body)["error"]
+        assert error["code"] in ERROR_CODES and isinstance(error["message"], str), (status, body)
     stored = inbox.execute("SELECT 1 FROM events WHERE id = ?", (hostile.event_id,)).fetchall()
     accepted = status is not None and 200 <= status < 300
     assert bool(stored) == accepted, (status, hostile)

@@ -4,10 +4,10 @@ The upstream here is hand-written (:mod:`tests.support.spec_upstream`): a 404 or
 the spec's ``code`` and ``message`` (for a job, dead at once with the reason; for an asset the
 event names, a 404 waits: derived formats can finish after their job), 429 with and without
 Retry-After, 409, 5xx, a proxy's HTML 502 and a 2xx without ``data`` (retried), and 401/403
-(retried, logged at error). The real receiver (intake, worker, sinks) runs against it; outcomes are read where an
-operator would: files on disk, bodies the http and chat sinks posted, event and delivery states
-in the inbox, log lines, metrics. ``docs/upstream.md`` lists every field the receiver reads and
-the test that shows it going without.
+(retried, logged at error). The real receiver (intake, worker, sinks) runs against it; outcomes
+are read where an operator would: files on disk, bodies the http and chat sinks posted, event
+and delivery states in the inbox, log lines, metrics. ``docs/upstream.md`` lists every field
+the receiver reads and the test that shows it going without.
 """
 
 from __future__ import annotations
