@@ -24,6 +24,7 @@ from receiver.delivery.redelivery import Redeliverer
 from receiver.delivery.worker import Worker
 from receiver.errors import StoreError
 from receiver.intake.endpoint import Intake
+from receiver.intake.protocol_errors import refusal_routes
 from receiver.logs import get_logger
 from receiver.observe.metrics import Metrics
 from receiver.observe.space_gauges import InboxSpaceGauges
@@ -297,6 +298,7 @@ class Runtime:
         app = web.Application(client_max_size=server.max_body_bytes)
         ops = self._ops()
         app.add_routes([web.post(server.path, intake.handle), web.get("/healthz", ops.healthz)])
+        app.add_routes(refusal_routes({server.path: "POST", "/healthz": "GET"}))
         return app
 
     def ops_app(self) -> web.Application:

@@ -1,4 +1,4 @@
-"""Requests too malformed for aiohttp to parse, answered in the contract's error format.
+"""What the public listener refuses before the webhook handler, in the contract's error format.
 
 A request aiohttp cannot parse (a broken ``Content-Length`` or chunk size, a duplicated
 ``Content-Type``, a control character in a header, headers over 8 KiB) never reaches the
@@ -7,10 +7,15 @@ public listener every error is ``{"error": {"code", "message"}}``, so :func:`ans
 turns aiohttp's protocol for one connection into :class:`JsonErrorProtocol`, which answers the
 same status (and still logs the one line aiohttp logs) with that body: 413
 ``payload_too_large``, any other 4xx ``malformed_payload``, a 5xx ``unavailable``.
+
+Requests the router has no handler for get the same body through :func:`refusal_routes`, which
+are matched only when nothing else is (no cost to a webhook): a path served for another method
+is 405 ``method_not_allowed`` (with ``Allow``), any other path 404 ``not_found``.
 """
 
 from __future__ import annotations
 
+from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_response import StreamResponse
@@ -46,6 +51,27 @@ class JsonErrorProtocol(RequestHandler):
         response = error_response(status, error_code(status), reason[:MAX_MESSAGE_CHARS])
         response.force_close()
         return response
+
+
+def refusal_routes(served: dict[str, str]) -> list[web.RouteDef]:
+    """Routes answering what the public listener does not serve, to be added after its own:
+    every method but the served one on each path of ``served`` (path: method), then any path."""
+
+    def wrong_method(path: str, allowed: str) -> web.RouteDef:
+        async def refuse(request: web.Request) -> web.Response:
+            response = error_response(
+                405, "method_not_allowed", f"{path} takes {allowed}, not {request.method}"
+            )
+            response.headers["Allow"] = allowed
+            return response
+
+        return web.route("*", path, refuse)
+
+    async def not_found(request: web.Request) -> web.Response:
+        return error_response(404, "not_found", "nothing is served at this path")
+
+    routes = [wrong_method(path, method) for path, method in served.items()]
+    return [*routes, web.route("*", "/{tail:.*}", not_found)]
 
 
 def answer_in_json(protocol: RequestHandler) -> RequestHandler:

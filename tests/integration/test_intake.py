@@ -332,11 +332,24 @@ async def test_unexpected_error_is_503_not_500(aiohttp_client, tmp_path):
 
 
 async def test_public_listener_serves_only_the_webhook(receiver):
+    """Anything else is refused in the contract's error format: 404 ``not_found`` for another
+    path, 405 ``method_not_allowed`` (with ``Allow``) for another method."""
     _, client = receiver
     assert (await client.get("/healthz")).status == 200
-    for path in ("/metrics", "/admin/events", "/readyz"):
-        assert (await client.get(path)).status == 404
-    assert (await client.get("/webhooks")).status == 405
+    assert (await client.head("/healthz")).status == 200
+    for method, path in [("GET", "/metrics"), ("GET", "/admin/events"), ("POST", "/readyz")]:
+        response = await client.request(method, path)
+        assert response.status == 404
+        assert (await response.json())["error"]["code"] == "not_found"
+    for method, path, allowed in [
+        ("GET", "/webhooks", "POST"),
+        ("PUT", "/webhooks", "POST"),
+        ("DELETE", "/healthz", "GET"),
+    ]:
+        response = await client.request(method, path)
+        assert (response.status, response.headers["Allow"]) == (405, allowed)
+        error = (await response.json())["error"]
+        assert error["code"] == "method_not_allowed" and method in error["message"]
 
 
 def test_client_address_believes_only_trusted_proxies():
