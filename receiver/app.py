@@ -298,7 +298,7 @@ class Runtime:
         app = web.Application(client_max_size=server.max_body_bytes)
         ops = self._ops()
         app.add_routes([web.post(server.path, intake.handle), web.get("/healthz", ops.healthz)])
-        app.add_routes(refusal_routes({server.path: "POST", "/healthz": "GET"}))
+        app.add_routes(refusal_routes({server.path: "POST", "/healthz": "GET, HEAD"}))
         return app
 
     def ops_app(self) -> web.Application:

@@ -344,7 +344,7 @@ async def test_public_listener_serves_only_the_webhook(receiver):
     for method, path, allowed in [
         ("GET", "/webhooks", "POST"),
         ("PUT", "/webhooks", "POST"),
-        ("DELETE", "/healthz", "GET"),
+        ("DELETE", "/healthz", "GET, HEAD"),
     ]:
         response = await client.request(method, path)
         assert (response.status, response.headers["Allow"]) == (405, allowed)
