@@ -16,7 +16,6 @@ from structlog.testing import capture_logs
 from receiver.errors import PermanentError
 from tests.support.download_sink_cases import (
     Files,
-    MapResolver,
     SinkFactory,
     base,
     downloads,
@@ -25,7 +24,7 @@ from tests.support.download_sink_cases import (
     make_sink,
     server,
 )
-from tests.support.downloads import enriched, loopback_is_public, ref
+from tests.support.downloads import MapResolver, enriched, loopback_is_public, ref
 
 __all__ = ["base", "downloads", "files", "make_sink", "server"]  # fixtures, used by name
 

@@ -10,14 +10,13 @@ made-up names with chosen addresses. Used by tests/integration/test_download_sin
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp import web
-from aiohttp.abc import AbstractResolver, ResolveResult
+from aiohttp.abc import AbstractResolver
 from aiohttp.test_utils import TestServer
 
 from receiver.config.settings import SinkSettings
@@ -147,30 +146,3 @@ async def make_sink(downloads: Path) -> AsyncIterator[SinkFactory]:
     yield factory
     for sink in sinks:
         await sink.close()
-
-
-class MapResolver(AbstractResolver):
-    """Resolves made-up names to chosen addresses (a DNS answer the attacker controls)."""
-
-    def __init__(self, answers: dict[str, list[str]]) -> None:
-        self.answers = answers
-
-    async def resolve(
-        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
-    ) -> list[ResolveResult]:
-        if host not in self.answers:
-            raise OSError(f"unknown host {host}")
-        return [
-            ResolveResult(
-                hostname=host,
-                host=a,
-                port=port,
-                family=socket.AF_INET6 if ":" in a else socket.AF_INET,
-                proto=0,
-                flags=0,
-            )
-            for a in self.answers[host]
-        ]
-
-    async def close(self) -> None:
-        pass

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import ipaddress
+import socket
+
+from aiohttp.abc import AbstractResolver, ResolveResult
 
 from receiver.events import Enriched, FileRef
 from receiver.netguard import IPAddress, is_public_address
@@ -39,3 +42,31 @@ def ref(
 def loopback_is_public(ip: IPAddress) -> bool:
     """Treats the test server's 127.0.0.1 as public; every other private address stays refused."""
     return ip == LOOPBACK or is_public_address(ip)
+
+
+class MapResolver(AbstractResolver):
+    """Resolves made-up names to chosen addresses (a DNS answer the attacker controls)."""
+
+    def __init__(self, answers: dict[str, list[str]]) -> None:
+        self.answers = answers
+        self.closed = False
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        if host not in self.answers:
+            raise OSError(f"unknown host {host}")
+        return [
+            ResolveResult(
+                hostname=host,
+                host=address,
+                port=port,
+                family=socket.AF_INET6 if ":" in address else socket.AF_INET,
+                proto=0,
+                flags=0,
+            )
+            for address in self.answers[host]
+        ]
+
+    async def close(self) -> None:
+        self.closed = True

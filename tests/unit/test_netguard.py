@@ -6,7 +6,6 @@ import ipaddress
 import socket
 
 import pytest
-from aiohttp.abc import AbstractResolver, ResolveResult
 from yarl import URL
 
 from receiver.errors import PermanentError
@@ -17,6 +16,7 @@ from receiver.netguard import (
     guarded_socket_factory,
     is_public_address,
 )
+from tests.support.downloads import MapResolver
 
 REFUSED = [
     "127.0.0.1",
@@ -87,34 +87,8 @@ def test_public_addresses(address: str) -> None:
     assert is_public_address(ipaddress.ip_address(address))
 
 
-class FakeResolver(AbstractResolver):
-    def __init__(self, answers: dict[str, list[str]]) -> None:
-        self.answers = answers
-        self.closed = False
-
-    async def resolve(
-        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
-    ) -> list[ResolveResult]:
-        if host not in self.answers:
-            raise OSError(f"unknown host {host}")
-        return [
-            ResolveResult(
-                hostname=host,
-                host=address,
-                port=port,
-                family=socket.AF_INET6 if ":" in address else socket.AF_INET,
-                proto=0,
-                flags=0,
-            )
-            for address in self.answers[host]
-        ]
-
-    async def close(self) -> None:
-        self.closed = True
-
-
 async def test_resolver_drops_private_answers() -> None:
-    inner = FakeResolver({"mixed.test": ["10.0.0.5", "8.8.8.8", "::1", "2606:4700::1"]})
+    inner = MapResolver({"mixed.test": ["10.0.0.5", "8.8.8.8", "::1", "2606:4700::1"]})
     resolver = GuardedResolver(inner)
     answers = await resolver.resolve("mixed.test", 443)
     assert [a["host"] for a in answers] == ["8.8.8.8", "2606:4700::1"]
@@ -125,7 +99,7 @@ async def test_resolver_drops_private_answers() -> None:
     "answers", [["127.0.0.1"], ["10.0.0.1", "169.254.169.254"], ["::ffff:127.0.0.1"], []]
 )
 async def test_resolver_refuses_when_nothing_public_is_left(answers: list[str]) -> None:
-    resolver = GuardedResolver(FakeResolver({"evil.test": answers}))
+    resolver = GuardedResolver(MapResolver({"evil.test": answers}))
     with pytest.raises(AddressRefused) as caught:
         await resolver.resolve("evil.test", 80)
     assert isinstance(caught.value, OSError)
@@ -133,7 +107,7 @@ async def test_resolver_refuses_when_nothing_public_is_left(answers: list[str]) 
 
 
 async def test_resolver_uses_the_injected_policy_and_closes_inner() -> None:
-    inner = FakeResolver({"lo.test": ["127.0.0.1", "127.0.0.2"]})
+    inner = MapResolver({"lo.test": ["127.0.0.1", "127.0.0.2"]})
     resolver = GuardedResolver(inner, is_allowed=lambda ip: str(ip) == "127.0.0.1")
     assert [a["host"] for a in await resolver.resolve("lo.test")] == ["127.0.0.1"]
     await resolver.close()
