@@ -134,7 +134,7 @@ class Demo:
         )
         self.wait(lambda: _get_json(f"{sim_url}/_simulator/summary") is not None, "simulator")
         self.say(f"simulator  {sim_url}/v1: {EVENTS} jobs ({KINDS}) once a subscription exists")
-        self.say("           faults: " + " ".join(filter(None, faults)))
+        self.say("           faults: " + " ".join(faults))
         self.say(
             f"           retries on the upstream's schedule x {TIME_SCALE} "
             "(1 min -> 60 ms, 5 min -> 300 ms, 30 min -> 1.8 s ...)"
